@@ -1,0 +1,156 @@
+"""Our GEPA loop: select a parent from the Pareto frontier, reflect on its minibatch
+failures, propose an edit of one target module, accept on minibatch improvement, then
+score the child on the pareto pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from algorithms.gepa.pareto import ParetoFrontier
+from algorithms.gepa.proposer import EDIT_FORMATS, apply_reply, build_messages
+from algorithms.protocol import OptimizerResult
+from harness.candidates import Candidate, RolloutResult, mean_reward
+from harness.context import BudgetExhausted, RunContext
+from harness.errors import ServiceError
+
+
+class GepaParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    minibatch_size: int = Field(default=4, gt=0)
+    acceptance_margin: float = Field(default=0.0, ge=0.0)
+    edit_formats: tuple[str, ...] = EDIT_FORMATS
+    proposer_temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    proposer_max_tokens: int = Field(default=400, gt=0)
+    proposal_attempts: int = Field(default=2, gt=0)  # retries, with the next format, on an unchanged reply
+    skip_perfect_minibatch: bool = True
+    use_task_info: bool = True
+    max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
+
+    @field_validator("edit_formats")
+    @classmethod
+    def _known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [f for f in value if f not in EDIT_FORMATS]
+        if unknown or not value:
+            raise ValueError(f"edit_formats must be a non-empty subset of {EDIT_FORMATS}, got {list(value)}")
+        return value
+
+
+class GepaOptimizer:
+    name = "gepa"
+
+    def __init__(self, params: GepaParams):
+        self.params = params
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "GepaOptimizer":
+        return cls(GepaParams.model_validate(params))
+
+    async def run(self, ctx: RunContext) -> OptimizerResult:
+        frontier = ParetoFrontier(ctx.pools.pareto)
+        seed = ctx.seed_candidate
+        try:
+            seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
+        except BudgetExhausted as exhausted:
+            return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
+        frontier.add(seed.candidate_id, [r.reward for r in seed_results])
+        ctx.report_best(frontier.mean(seed.candidate_id))
+        iteration, idle, stop = 0, 0, "max_rollouts"
+        while True:
+            reason = ctx.stop_reason(generation=iteration)
+            if reason is not None:
+                stop = reason
+                break
+            if idle >= self.params.max_idle_iterations:
+                stop = "stalled"
+                ctx.event("stalled", f"{idle} iterations in a row spent no rollouts")
+                break
+            spent_before = ctx.usage.rollouts
+            try:
+                await self._iterate(ctx, frontier, iteration)
+            except BudgetExhausted as exhausted:
+                stop = exhausted.reason
+                break
+            idle = idle + 1 if ctx.usage.rollouts == spent_before else 0
+            iteration += 1
+        best = frontier.best()
+        ctx.event("stop", f"stopped: {stop}", iterations=iteration, best=best, best_score=frontier.mean(best))
+        return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=iteration)
+
+    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int) -> None:
+        params = self.params
+        parent = ctx.candidate(frontier.sample(ctx.rng))
+        k = min(params.minibatch_size, len(ctx.pools.train))
+        minibatch = ctx.rng.sample(list(ctx.pools.train), k)
+        # The whole iteration must fit: parent minibatch, child minibatch, child pareto scoring.
+        needed = len(ctx.uncached(parent, minibatch)) + k + len(ctx.pools.pareto)
+        if needed > ctx.rollouts_left:
+            raise BudgetExhausted("max_rollouts")
+        parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
+        parent_score = mean_reward(parent_results)
+        if params.skip_perfect_minibatch and all(r.reward >= 1.0 for r in parent_results):
+            ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
+            return
+        module = ctx.target_modules[iteration % len(ctx.target_modules)]
+        child = await self._propose(ctx, parent, module, parent_results, iteration, parent_score)
+        if child is None:
+            return
+        child_candidate, proposal_fields = child
+        child_results = await ctx.evaluate(child_candidate, minibatch, "minibatch")
+        child_score = mean_reward(child_results)
+        accepted = child_score > parent_score + params.acceptance_margin
+        ctx.record_proposal(**proposal_fields, child_id=child_candidate.candidate_id, accepted=accepted,
+                            child_minibatch_score=child_score)
+        ctx.set_origin(child_candidate.candidate_id, "proposal" if accepted else "rejected")
+        if not accepted:
+            return
+        pareto_results = await ctx.evaluate(child_candidate, list(ctx.pools.pareto), "pareto")
+        frontier.add(child_candidate.candidate_id, [r.reward for r in pareto_results])
+        ctx.report_best(frontier.mean(child_candidate.candidate_id))
+        ctx.event("accept", f"{child_candidate.candidate_id} accepted", parent=parent.candidate_id,
+                  pareto_score=frontier.mean(child_candidate.candidate_id))
+
+    async def _propose(
+        self, ctx: RunContext, parent: Candidate, module: str, results: list[RolloutResult],
+        iteration: int, parent_score: float,
+    ) -> tuple[Candidate, dict[str, Any]] | None:
+        field = ctx.program.field_of(module)
+        current = parent.texts[field]
+        formats = self.params.edit_formats
+        task_info = ctx.task_info if self.params.use_task_info else None
+        tokens = [0, 0]
+        cost, latency, status, error = 0.0, 0.0, "empty", None
+        edit_format = formats[iteration % len(formats)]
+        attempts = 0
+        proposal = None
+        for attempt in range(self.params.proposal_attempts):
+            attempts = attempt + 1
+            edit_format = formats[(iteration + attempt) % len(formats)]
+            messages = build_messages(current, results, edit_format, task_info)
+            try:
+                reply = await ctx.propose(messages, temperature=self.params.proposer_temperature,
+                                          max_tokens=self.params.proposer_max_tokens)
+            except ServiceError as exc:
+                status, error = "error", str(exc)
+                break
+            tokens[0] += reply.prompt_tokens
+            tokens[1] += reply.completion_tokens
+            latency += reply.latency_s
+            proposal = apply_reply(current, reply.text, edit_format)
+            status = proposal.status
+            if status == "changed":
+                break
+        fields = {
+            "iteration": iteration, "parent_id": parent.candidate_id, "module": module,
+            "proposer_model": ctx.spec.proposer.model, "edit_format": edit_format, "attempts": attempts,
+            "status": status, "changed": status == "changed", "parent_minibatch_score": parent_score,
+            "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "latency_s": latency,
+            "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error,
+        }
+        if proposal is None or status != "changed":
+            ctx.record_proposal(**fields, accepted=False)
+            ctx.event("proposal_rejected", f"proposal {status}", iteration=iteration, edit_format=edit_format)
+            return None
+        child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
+        return child, fields

@@ -1,0 +1,35 @@
+"""Control arm: scores the seed candidate on the pareto pool and proposes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from algorithms.protocol import OptimizerResult
+from harness.candidates import mean_reward
+from harness.context import BudgetExhausted, RunContext
+
+
+class SeedOnlyParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SeedOnly:
+    name = "seed_only"
+
+    def __init__(self, params: SeedOnlyParams):
+        self.params = params
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "SeedOnly":
+        return cls(SeedOnlyParams.model_validate(params))
+
+    async def run(self, ctx: RunContext) -> OptimizerResult:
+        seed = ctx.seed_candidate
+        try:
+            results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
+        except BudgetExhausted as exhausted:
+            return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
+        ctx.report_best(mean_reward(results))
+        return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason="seed_only")

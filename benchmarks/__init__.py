@@ -1,0 +1,1 @@
+"""Reference task containers and benchmark report code."""

@@ -1,0 +1,281 @@
+"""Server-side kit for task containers: a container is data + program + render + score;
+`build_app` turns it into the HTTP task contract and `serve` into a CLI.
+
+The container calls the policy model itself (with the rollout's policy block and a key
+from its own environment), so the harness never hands a credential over the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from harness.contract import (
+    CONTRACT_VERSION,
+    GEPA_OPTIMIZER_CONTRACT,
+    ProgramResponse,
+    RewardInfo,
+    RolloutRequest,
+    RolloutResponse,
+    SideInfo,
+    TasksRequest,
+    Usage,
+)
+from harness.errors import HarnessError, ServiceError
+from harness.llm import ChatClient, ChatMessage
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+
+class TaskContainer(ABC):
+    """One task: subclasses set the class attributes and implement the four abstract methods."""
+
+    taskset_id: ClassVar[str]
+    name: ClassVar[str]
+    source: ClassVar[str | None] = None
+    # Fields a `task` sent in a rollout request must carry to be scored as is; otherwise
+    # the row is looked up by task id.
+    row_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, data_dir: str | None = None) -> None:
+        self.data_dir = data_dir
+        self._splits: dict[str, list[Row]] | None = None
+
+    @abstractmethod
+    def load_splits(self) -> dict[str, list[Row]]:
+        """Split name -> rows, in a deterministic order (index i is task id `split:i`)."""
+
+    @abstractmethod
+    def program(self) -> ProgramResponse: ...
+
+    @abstractmethod
+    def render(self, candidate: dict[str, str], row: Row) -> list[ChatMessage]: ...
+
+    @abstractmethod
+    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+        """(reward, feedback text for reflection)."""
+
+    def labels(self) -> list[str] | None:
+        return None
+
+    def task_info(self) -> dict[str, Any]:
+        return {}
+
+    def splits(self) -> dict[str, list[Row]]:
+        if self._splits is None:
+            self._splits = self.load_splits()
+        return self._splits
+
+    def lookup(self, task_id: str) -> tuple[str, int, Row]:
+        """(split, index, row) of `split:index`; KeyError with a message naming the id."""
+        split, sep, index_text = task_id.rpartition(":")
+        rows = self.splits().get(split)
+        if not sep or rows is None or not index_text.isdigit() or int(index_text) >= len(rows):
+            raise KeyError(f"unknown task id {task_id!r}")
+        return split, int(index_text), rows[int(index_text)]
+
+    def task(self, task_id: str) -> Row:
+        split, index, row = self.lookup(task_id)
+        return {"task_id": task_id, "split": split, "seed": index, **row}
+
+
+class _BearerAuth:
+    """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <key>`.
+
+    Middleware rather than a dependency so the check runs before body parsing (a bad body
+    without the key gets 401, not 422) and covers every route, including unknown ones.
+    """
+
+    def __init__(self, app: ASGIApp, expected: bytes) -> None:
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected):
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"detail": "missing or wrong bearer key"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+
+def _sanitized_errors(errors: Any) -> list[dict[str, Any]]:
+    # Pydantic errors carry the offending `input` (and `ctx`); a rejected policy block may
+    # hold a secret, so only location, message and type go back to the caller.
+    return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
+
+
+def policy_endpoint(url: str) -> str:
+    """The `.../v1` base for ChatClient, accepting a full `.../chat/completions` URL too."""
+    url = url.rstrip("/")
+    suffix = "/chat/completions"
+    return url[: -len(suffix)] if url.endswith(suffix) else url
+
+
+def build_app(
+    container: TaskContainer, *, api_key_env: str | None = None, policy_key_env: str | None = None
+) -> FastAPI:
+    """The FastAPI app serving `container` over the task contract."""
+    expected_key = os.environ.get(api_key_env) if api_key_env else None
+    if api_key_env and not expected_key:
+        log.warning("%s is not set: the container accepts requests without a key", api_key_env)
+    program = container.program()
+    required_fields = [m.candidate_field or m.module_id for m in program.modules if m.mutable]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # One pooled client per app so concurrent rollouts share connections to the policy.
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=300.0, limits=limits) as client:
+            app.state.http = client
+            yield
+
+    app = FastAPI(title=container.name, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    if expected_key:
+        app.add_middleware(_BearerAuth, expected=expected_key.encode())
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _sanitized_errors(exc.errors())}, status_code=422)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "contract_version": CONTRACT_VERSION}
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        return {
+            "runtime_id": container.taskset_id,
+            "name": container.name,
+            "capabilities": {"protocol": "http", "contract_version": CONTRACT_VERSION},
+            "metadata": {
+                "optimizer_contracts": {"gepa": {"version": GEPA_OPTIMIZER_CONTRACT}},
+                "taskset_id": container.taskset_id,
+                "program_id": program.program_id,
+            },
+        }
+
+    @app.get("/program")
+    async def get_program() -> dict[str, Any]:
+        return program.model_dump(mode="json")
+
+    @app.get("/taskset")
+    async def taskset() -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "taskset_id": container.taskset_id,
+            "splits": {name: len(rows) for name, rows in container.splits().items()},
+        }
+        labels = container.labels()
+        if labels is not None:
+            body["labels"] = labels
+        if container.source:
+            body["source"] = container.source
+        return body
+
+    @app.post("/taskset/tasks")
+    async def tasks(req: TasksRequest) -> dict[str, Any]:
+        splits = container.splits()
+        if req.split not in splits:
+            raise HTTPException(404, f"unknown split {req.split!r}; splits are {sorted(splits)}")
+        out = []
+        for task_id in req.task_ids:
+            try:
+                task = container.task(task_id)
+            except KeyError as exc:
+                raise HTTPException(404, str(exc.args[0])) from None
+            if task["split"] != req.split:
+                raise HTTPException(404, f"task id {task_id!r} is not in split {req.split!r}")
+            out.append(task)
+        return {"tasks": out}
+
+    @app.get("/task_info")
+    async def task_info() -> dict[str, Any]:
+        return container.task_info()
+
+    def row_for(req: RolloutRequest) -> Row:
+        if req.task and all(key in req.task for key in container.row_keys):
+            return req.task
+        try:
+            return container.lookup(req.task_id)[2]
+        except KeyError as exc:
+            raise HTTPException(404, str(exc.args[0])) from None
+
+    @app.post("/rollout")
+    async def rollout(req: RolloutRequest, request: Request) -> dict[str, Any]:
+        missing = [name for name in required_fields if name not in req.candidate]
+        if missing:
+            raise HTTPException(422, f"candidate lacks field(s) {missing}")
+        row = row_for(req)
+        messages = container.render(req.candidate, row)
+        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model}
+        client = ChatClient(
+            policy_endpoint(req.policy.endpoint), req.policy.model,
+            api_key_env=policy_key_env, client=request.app.state.http,
+        )
+        seed = req.metadata.get("seed")
+        try:
+            result = await client.complete(
+                messages, temperature=req.policy.temperature, max_tokens=req.policy.max_tokens,
+                seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+            )
+        except HarnessError as exc:
+            # A zero-reward row with the error lets the harness record and count the failure.
+            kind = exc.kind.value if isinstance(exc, ServiceError) else "fatal"
+            failed = RolloutResponse(
+                rollout_id=req.rollout_id, status="error", error=str(exc), error_kind=kind,
+                reward_info=RewardInfo(outcome_reward=0.0), usage=Usage(), trace=trace,
+            )
+            return failed.model_dump(mode="json")
+        reward, feedback = container.score(row, result.text)
+        trace.update(output=result.text, finish_reason=result.finish_reason, latency_s=round(result.latency_s, 4))
+        done = RolloutResponse(
+            rollout_id=req.rollout_id, status="ok",
+            reward_info=RewardInfo(outcome_reward=float(reward)),
+            usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, cost_usd=None),
+            trace=trace, actionable_side_info=SideInfo(feedback=feedback),
+        )
+        return done.model_dump(mode="json")
+
+    return app
+
+
+def serve(container_factory: Callable[[str | None], TaskContainer], argv: list[str] | None = None) -> None:
+    """CLI entry for a container module's `__main__`."""
+    parser = argparse.ArgumentParser(description="Serve a task container over the HTTP task contract.")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--data-dir", default=os.environ.get("HARNESS_DATA_DIR"),
+                        help="folder holding <dataset>/<file> (default $HARNESS_DATA_DIR); else download")
+    parser.add_argument("--api-key-env", default=None, help="env var holding the key clients must send")
+    parser.add_argument("--policy-key-env", default=None, help="env var holding the policy model's API key")
+    args = parser.parse_args(argv)
+    container = container_factory(args.data_dir)
+    try:
+        container.splits()  # load (or download) the data before we report healthy
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    app = build_app(container, api_key_env=args.api_key_env, policy_key_env=args.policy_key_env)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,1 @@
+"""Experiment harness for reflective prompt optimization against HTTP task containers."""

@@ -1,0 +1,87 @@
+"""Entry point. `python -m harness` runs one run in-process (no Ray);
+`python -m harness +sweep=NAME` expands the sweep and runs it on Ray actors.
+Hydra's config stops here: everything below takes frozen pydantic models."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from harness.config import HarnessConfig, load_config, run_spec
+from harness.errors import HarnessError
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+def run_single(config: HarnessConfig, console: Console) -> int:
+    from harness.console import RunProgressBar, print_outcome
+    from harness.run import execute_run
+    from harness.services import Services
+
+    spec = run_spec(config)
+    log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
+    console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
+                  f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
+                  highlight=False)
+    with Services(log_dir, config.local_server) as services:
+        console.print("starting container and model servers ...", highlight=False)
+        endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
+        with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts) as bar:
+            outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate))
+    print_outcome(console, outcome, len(spec.pools.heldout))
+    return 0 if outcome.status == "done" else 1
+
+
+def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
+    """Expand the sweep's axes: Hydra composes each grid point, our code schedules."""
+    from hydra import compose
+
+    from harness.sweep.driver import PlannedRun, run_sweep
+    from harness.sweep.expand import expand, parse_sweep
+
+    sweep = parse_sweep(config.sweep or {})
+    user_overrides = list(HydraConfig.get().overrides.task)
+    cwd = HydraConfig.get().runtime.cwd
+
+    def compose_point(overrides: list[str]) -> dict:
+        return OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)  # type: ignore[return-value]
+
+    planned = []
+    for point, raw in expand(sweep, user_overrides, compose_point):
+        point_config = load_config(raw, base_dir=cwd)
+        spec = run_spec(point_config, sweep=sweep.name, axes=point.axes)
+        planned.append(PlannedRun(spec=spec, max_error_rate=point_config.max_error_rate))
+    ids = [p.spec.run_id for p in planned]
+    if len(set(ids)) != len(ids):
+        console.print("note: some grid points resolve to the same run; each runs once", style="yellow")
+        planned = list({p.spec.run_id: p for p in planned}.values())
+    return run_sweep(sweep, planned, config, console)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    console = Console(stderr=False)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        config = load_config(raw, base_dir=HydraConfig.get().runtime.cwd)  # type: ignore[arg-type]
+        if config.sweep is not None:
+            code = run_sweep_from_hydra(config, console)
+        else:
+            code = run_single(config, console)
+    except HarnessError as exc:
+        console.print(f"error: {exc}", style="red", highlight=False, markup=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("interrupted: stopped the services this run started", style="yellow")
+        sys.exit(130)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""From a composed Hydra config (as a plain dict) to frozen specs. Hydra stops here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.errors import ConfigError
+from harness.services import LocalServerOptions
+from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, PoolSpec, RunSpec
+
+
+class PoolsConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    train: PoolSpec
+    pareto: PoolSpec
+    heldout: PoolSpec
+    allow_overlap: bool = False
+
+    def resolve(self) -> Pools:
+        return Pools(train=self.train.resolve(), pareto=self.pareto.resolve(), heldout=self.heldout.resolve(),
+                     allow_overlap=self.allow_overlap)
+
+
+class RayConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    address: str | None = None
+    max_runs_in_flight: int = Field(default=2, gt=0)
+    cpus_per_run: float = Field(default=0.5, gt=0)
+    container_concurrency: int = Field(default=8, gt=0)  # rollouts in flight per container, across runs
+    model_concurrency: int = Field(default=4, gt=0)  # calls in flight per model endpoint, across runs
+
+
+class HarnessConfig(BaseModel):
+    """The composed config, validated; a misspelled key is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    container: ContainerSpec
+    policy: ModelSpec
+    proposer: ModelSpec
+    algorithm: AlgorithmSpec
+    pools: PoolsConfig
+    budget: BudgetSpec
+    seed: int = 0
+    concurrency: int = Field(default=2, gt=0)
+    max_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
+    heldout_candidates: Any = "best"
+    evidence_root: str = "evidence"
+    data_dir: str | None = None
+    local_server: LocalServerOptions = LocalServerOptions()
+    ray: RayConfig = RayConfig()
+    sweep: dict[str, Any] | None = None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key '{where}' (misspelled?)"
+    return f"config '{where}': {message}"
+
+
+def load_config(raw: dict[str, Any], base_dir: str | None = None) -> HarnessConfig:
+    """Validate the composed config; relative paths resolve against the directory the user ran from."""
+    base = Path(base_dir or os.getcwd())
+    data = dict(raw)
+    if data.get("data_dir"):
+        data["data_dir"] = str((base / data["data_dir"]).resolve())
+        container = dict(data.get("container") or {})
+        if container.get("data_dir"):
+            container["data_dir"] = str((base / container["data_dir"]).resolve())
+        data["container"] = container
+    if data.get("evidence_root") and "://" not in data["evidence_root"]:
+        data["evidence_root"] = str((base / data["evidence_root"]).resolve())
+    try:
+        return HarnessConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from exc
+
+
+def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str] | None = None) -> RunSpec:
+    try:
+        return RunSpec(
+            sweep=sweep, container=config.container, policy=config.policy, proposer=config.proposer,
+            algorithm=config.algorithm, pools=config.pools.resolve(), budget=config.budget, seed=config.seed,
+            heldout_candidates=config.heldout_candidates, concurrency=config.concurrency,
+            evidence_root=config.evidence_root, axes=axes or {},
+        )
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from exc

@@ -1,0 +1,321 @@
+"""The run context: everything an optimizer may touch. `evaluate` is the single choke
+point for rollouts: it enforces the budget, caches (candidate digest, task id) so no
+rollout repeats, bounds concurrency (through the client) and records evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness.candidates import Candidate, RolloutResult, digest_of
+from harness.client import ContainerClient
+from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
+from harness.errors import HarnessError, ServiceError
+from harness.llm import ChatClient, ChatMessage, ChatResult
+from harness.pricing import cost_usd
+from harness.specs import RunSpec
+
+OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
+
+
+class BudgetExhausted(Exception):
+    """The next step would cross a budget; the optimizer stops cleanly."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RunFailed(HarnessError):
+    """Too many failed rollouts: the run stops with a clear status."""
+
+
+@dataclass
+class Usage:
+    rollouts: int = 0
+    heldout_rollouts: int = 0
+    failed_rollouts: int = 0
+    policy_prompt_tokens: int = 0
+    policy_completion_tokens: int = 0
+    proposer_prompt_tokens: int = 0
+    proposer_completion_tokens: int = 0
+    proposer_calls: int = 0
+    cost_usd: float = 0.0
+    cost_unknown: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return (self.policy_prompt_tokens + self.policy_completion_tokens
+                + self.proposer_prompt_tokens + self.proposer_completion_tokens)
+
+
+@dataclass
+class Evidence:
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    proposals: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Progress:
+    rollouts: int
+    budget: int
+    best_score: float | None
+    tokens: int
+    stage: str
+
+
+class RunContext:
+    def __init__(
+        self,
+        spec: RunSpec,
+        client: ContainerClient,
+        program: ProgramResponse,
+        policy: PolicyBlock,
+        proposer: ChatClient,
+        task_info: dict[str, Any] | None = None,
+        rows: dict[str, dict[str, Any]] | None = None,
+        observer: Callable[[Progress], None] | None = None,
+        max_error_rate: float = 0.5,
+    ):
+        self.spec = spec
+        self.run_id = spec.run_id
+        self.client = client
+        self.program = program
+        self.policy = policy
+        self.proposer_client = proposer
+        self.task_info = task_info
+        self.observer = observer
+        self.max_error_rate = max_error_rate
+        self.rng = random.Random(spec.seed)
+        self.pools = spec.pools
+        self.target_modules = list(program.target_modules)
+        self.usage = Usage()
+        self.evidence = Evidence()
+        self.started = time.monotonic()
+        self.best_score: float | None = None
+        self._cache: dict[tuple[str, str], RolloutResult] = {}
+        self._rows: dict[str, dict[str, Any]] = dict(rows or {})
+        self._candidates: dict[str, Candidate] = {}
+        self._seq = 0
+        self._proposal_seq = 0
+        self.seed_candidate = self.add_candidate(dict(program.seed_candidate), (), "seed")
+
+    # ---- time and budget -------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop_reason(self, generation: int | None = None) -> str | None:
+        budget = self.spec.budget
+        if budget.max_wall_s is not None and self.elapsed() >= budget.max_wall_s:
+            return "max_wall_s"
+        if budget.max_cost_usd is not None and self.usage.cost_usd >= budget.max_cost_usd:
+            return "max_cost_usd"
+        if budget.max_generations is not None and generation is not None and generation >= budget.max_generations:
+            return "max_generations"
+        if self.usage.rollouts >= budget.max_rollouts:
+            return "max_rollouts"
+        return None
+
+    @property
+    def rollouts_left(self) -> int:
+        return self.spec.budget.max_rollouts - self.usage.rollouts
+
+    def uncached(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...]) -> list[str]:
+        seen: set[str] = set()
+        out = []
+        for task_id in task_ids:
+            if (candidate.digest, task_id) not in self._cache and task_id not in seen:
+                seen.add(task_id)
+                out.append(task_id)
+        return out
+
+    # ---- candidates --------------------------------------------------------------
+
+    def add_candidate(self, texts: dict[str, str], parent_ids: tuple[str, ...], origin: str) -> Candidate:
+        index = len(self._candidates)
+        generation = 1 + max((self._candidates[p].generation for p in parent_ids), default=-1)
+        candidate = Candidate(
+            candidate_id=f"c{index:04d}", index=index, texts=dict(texts),
+            parent_ids=tuple(parent_ids), generation=generation, origin=origin,
+        )
+        self._candidates[candidate.candidate_id] = candidate
+        self.evidence.candidates.append({
+            "run_id": self.run_id, "candidate_id": candidate.candidate_id, "index": index,
+            "parent_ids": list(parent_ids), "generation": generation, "origin": origin,
+            "digest": digest_of(texts), "modules_json": json.dumps(texts, sort_keys=True, ensure_ascii=False),
+            "rollouts_at_creation": self.usage.rollouts, "cost_usd_at_creation": self.usage.cost_usd,
+            "elapsed_s_at_creation": self.elapsed(),
+        })
+        return candidate
+
+    def set_origin(self, candidate_id: str, origin: str) -> None:
+        """Mark a candidate after the fact (e.g. a proposal rejected on its minibatch)."""
+        index = self._candidates[candidate_id].index
+        self.evidence.candidates[index]["origin"] = origin
+
+    def candidate(self, candidate_id: str) -> Candidate:
+        return self._candidates[candidate_id]
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        return list(self._candidates.values())
+
+    # ---- rollouts ----------------------------------------------------------------
+
+    async def _rows_for(self, task_ids: list[str]) -> None:
+        missing = [t for t in task_ids if t not in self._rows]
+        by_split: dict[str, list[str]] = {}
+        for task_id in missing:
+            by_split.setdefault(task_id.split(":", 1)[0], []).append(task_id)
+        for split, ids in by_split.items():
+            for task in await self.client.tasks(split, ids):
+                self._rows[task.task_id] = task.model_dump()
+
+    async def evaluate(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...], stage: str) -> list[RolloutResult]:
+        """Roll out `candidate` on `task_ids`; cached pairs are not rolled out again.
+        Raises BudgetExhausted, before any rollout, if the uncached part does not fit."""
+        todo = self.uncached(candidate, task_ids)
+        optimizing = stage in OPTIMIZATION_STAGES
+        if optimizing and todo:
+            reason = self.stop_reason()
+            if reason is None and len(todo) > self.rollouts_left:
+                reason = "max_rollouts"
+            if reason is not None:
+                raise BudgetExhausted(reason)
+        if todo:
+            await self._rows_for(todo)
+            seqs = list(range(self._seq, self._seq + len(todo)))
+            self._seq += len(todo)
+            results = await asyncio.gather(
+                *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
+            )
+            for task_id, result in zip(todo, results):
+                self._cache[(candidate.digest, task_id)] = result
+            self._check_error_rate()
+            self._notify(stage)
+        return [self._cache[(candidate.digest, t)] for t in task_ids]
+
+    def cached_result(self, candidate: Candidate, task_id: str) -> RolloutResult | None:
+        return self._cache.get((candidate.digest, task_id))
+
+    async def _rollout(self, candidate: Candidate, task_id: str, stage: str, seq: int) -> RolloutResult:
+        row = self._rows[task_id]
+        rollout_id = f"{self.run_id}-{candidate.candidate_id}-{task_id}"
+        request = RolloutRequest(
+            rollout_id=rollout_id, task_id=task_id, candidate=candidate.texts, task=row, policy=self.policy,
+            metadata={"candidate_id": candidate.candidate_id, "seed": self.spec.seed, "stage": stage, "run_id": self.run_id},
+        )
+        started = time.monotonic()
+        error = error_kind = None
+        prompt_tokens = completion_tokens = 0
+        container_cost: float | None = None
+        feedback = output = ""
+        try:
+            response = await self.client.rollout(request)
+        except ServiceError as exc:
+            status, reward, error, error_kind = "error", 0.0, str(exc), exc.kind.value
+        else:
+            resolved = response.resolved_reward()
+            status = response.status if response.status else "ok"
+            if status != "ok" or resolved is None:
+                error = response.error or ("no reward in response" if resolved is None else f"status {status}")
+                status, error_kind = "error", "container"
+            reward = resolved if (resolved is not None and status == "ok") else 0.0
+            prompt_tokens, completion_tokens = response.usage.prompt_tokens, response.usage.completion_tokens
+            container_cost = response.usage.cost_usd
+            feedback, output = response.feedback, response.output_text
+        latency = time.monotonic() - started
+        cost = container_cost if container_cost is not None else cost_usd(
+            self.policy.provider, self.policy.model, prompt_tokens, completion_tokens)
+        self._account(stage, status, prompt_tokens, completion_tokens, cost)
+        self.evidence.rollouts.append({
+            "run_id": self.run_id, "seq": seq, "rollout_id": rollout_id, "candidate_id": candidate.candidate_id,
+            "task_id": task_id, "split": task_id.split(":", 1)[0], "stage": stage, "reward": reward,
+            "status": status, "error": error, "error_kind": error_kind, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "cost_usd": cost, "latency_s": latency,
+            "elapsed_s": self.elapsed(), "output": output, "feedback": feedback,
+        })
+        return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=reward, status=status,
+                             error=error, feedback=feedback, output=output, task=row)
+
+    def _account(self, stage: str, status: str, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
+        usage = self.usage
+        if stage in OPTIMIZATION_STAGES:
+            usage.rollouts += 1
+        else:
+            usage.heldout_rollouts += 1
+        if status != "ok":
+            usage.failed_rollouts += 1
+        usage.policy_prompt_tokens += prompt_tokens
+        usage.policy_completion_tokens += completion_tokens
+        if cost is None:
+            usage.cost_unknown = True
+        else:
+            usage.cost_usd += cost
+
+    def _check_error_rate(self) -> None:
+        total = self.usage.rollouts + self.usage.heldout_rollouts
+        if total >= 10 and self.usage.failed_rollouts / total > self.max_error_rate:
+            last = next((r["error"] for r in reversed(self.evidence.rollouts) if r["error"]), "")
+            raise RunFailed(
+                f"{self.usage.failed_rollouts}/{total} rollouts failed (tolerance {self.max_error_rate:.0%}); last error: {last}"
+            )
+
+    # ---- proposer ----------------------------------------------------------------
+
+    async def propose(self, messages: list[ChatMessage], *, temperature: float, max_tokens: int) -> ChatResult:
+        """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent."""
+        reason = self.stop_reason()
+        if reason in ("max_cost_usd", "max_wall_s"):
+            raise BudgetExhausted(reason)
+        # A seed drawn from the run's RNG keeps sampled proposals reproducible.
+        result = await self.proposer_client.complete(
+            messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))
+        cost = self.proposer_cost(result.prompt_tokens, result.completion_tokens)
+        self.usage.proposer_calls += 1
+        self.usage.proposer_prompt_tokens += result.prompt_tokens
+        self.usage.proposer_completion_tokens += result.completion_tokens
+        if cost is None:
+            self.usage.cost_unknown = True
+        else:
+            self.usage.cost_usd += cost
+        return result
+
+    def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        return cost_usd(self.spec.proposer.provider, self.spec.proposer.model, prompt_tokens, completion_tokens)
+
+    def record_proposal(self, **fields: Any) -> str:
+        proposal_id = f"p{self._proposal_seq:04d}"
+        self._proposal_seq += 1
+        row = {name: None for name in (
+            "iteration", "parent_id", "child_id", "module", "proposer_model", "edit_format", "attempts", "status",
+            "changed", "accepted", "parent_minibatch_score", "child_minibatch_score", "prompt_tokens",
+            "completion_tokens", "cost_usd", "latency_s", "error")}
+        row.update(fields)
+        row.update({"run_id": self.run_id, "proposal_id": proposal_id})
+        self.evidence.proposals.append(row)
+        return proposal_id
+
+    # ---- events and progress ---------------------------------------------------------
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        self.evidence.events.append({
+            "run_id": self.run_id, "seq": len(self.evidence.events), "elapsed_s": self.elapsed(),
+            "kind": kind, "message": message, "data_json": json.dumps(data, sort_keys=True, default=str),
+        })
+
+    def report_best(self, score: float) -> None:
+        self.best_score = score if self.best_score is None else max(self.best_score, score)
+        self._notify("best")
+
+    def _notify(self, stage: str) -> None:
+        if self.observer is not None:
+            self.observer(Progress(self.usage.rollouts, self.spec.budget.max_rollouts, self.best_score,
+                                   self.usage.tokens, stage))

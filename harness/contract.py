@@ -1,0 +1,175 @@
+"""Typed models of the HTTP task contract, shared by the client and the container kit.
+
+Responses accept unknown extra fields so the harness can drive containers written by
+others; the fields the harness relies on are validated and named in errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CONTRACT_VERSION = "gepa_task.v1"
+GEPA_OPTIMIZER_CONTRACT = "synth_optimizers.gepa.v2"
+PROGRAM_VERSION = "prompt_program.v1"
+
+# Field names that would carry a credential; a rollout request carrying one is refused.
+SECRET_FIELD_NAMES = frozenset(
+    {"api_key", "apikey", "key", "token", "access_token", "authorization", "secret", "bearer"}
+)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class HealthResponse(_Open):
+    status: str
+    contract_version: str | None = None
+
+
+class MetadataResponse(_Open):
+    runtime_id: str | None = None
+    name: str | None = None
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def gepa_contract(self) -> str | None:
+        contracts = self.metadata.get("optimizer_contracts") or {}
+        gepa = contracts.get("gepa") or {}
+        return gepa.get("version")
+
+
+class ProgramModule(_Open):
+    module_id: str
+    role: str
+    content: str
+    mutable: bool = False
+    candidate_field: str | None = None
+
+
+class ProgramResponse(_Open):
+    version: str
+    program_id: str
+    modules: list[ProgramModule]
+    target_modules: list[str]
+    seed_candidate: dict[str, str]
+
+    def field_of(self, module_id: str) -> str:
+        """The candidate field that carries a module's text."""
+        for module in self.modules:
+            if module.module_id == module_id:
+                return module.candidate_field or module.module_id
+        raise KeyError(module_id)
+
+
+class TasksetResponse(_Open):
+    taskset_id: str
+    splits: dict[str, int]
+    labels: list[str] | None = None
+    source: str | None = None
+
+
+class TasksRequest(BaseModel):
+    split: str
+    task_ids: list[str]
+
+
+class Task(_Open):
+    task_id: str
+    split: str
+    seed: int = 0
+
+
+class TasksResponse(_Open):
+    tasks: list[Task]
+
+
+class PolicyBlock(_Open):
+    """Which model the container should call; never a credential."""
+
+    provider: str
+    model: str
+    base_url: str | None = None
+    inference_url: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+
+    @model_validator(mode="after")
+    def _no_credentials(self) -> "PolicyBlock":
+        extras = set((self.model_extra or {}).keys())
+        leaked = {name for name in extras if name.lower() in SECRET_FIELD_NAMES}
+        if leaked:
+            raise ValueError(f"policy block must not carry credentials: {sorted(leaked)}")
+        if not (self.base_url or self.inference_url):
+            raise ValueError("policy block needs base_url or inference_url")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return (self.inference_url or self.base_url or "").rstrip("/")
+
+
+class RolloutRequest(_Open):
+    rollout_id: str
+    task_id: str
+    candidate: dict[str, str]
+    task: dict[str, Any]
+    policy: PolicyBlock
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(_Open):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class RewardInfo(_Open):
+    outcome_reward: float | None = None
+    score: float | None = None
+
+
+class SideInfo(_Open):
+    feedback: str | None = None
+
+
+class RolloutResponse(_Open):
+    rollout_id: str
+    status: str = "ok"
+    reward_info: RewardInfo | None = None
+    objective_scores: dict[str, float] | None = None
+    usage: Usage = Field(default_factory=Usage)
+    trace: dict[str, Any] | None = None
+    actionable_side_info: SideInfo | None = None
+    summary: dict[str, Any] | None = None
+    reward: float | None = None
+    error: str | None = None
+
+    def resolved_reward(self) -> float | None:
+        """First present of reward_info.outcome_reward, reward_info.score,
+        summary.outcome_reward, top-level reward."""
+        if self.reward_info is not None:
+            if self.reward_info.outcome_reward is not None:
+                return float(self.reward_info.outcome_reward)
+            if self.reward_info.score is not None:
+                return float(self.reward_info.score)
+        if self.summary and self.summary.get("outcome_reward") is not None:
+            return float(self.summary["outcome_reward"])
+        if self.reward is not None:
+            return float(self.reward)
+        return None
+
+    @property
+    def feedback(self) -> str:
+        if self.actionable_side_info and self.actionable_side_info.feedback:
+            return self.actionable_side_info.feedback
+        return ""
+
+    @property
+    def output_text(self) -> str:
+        if self.trace and isinstance(self.trace.get("output"), str):
+            return self.trace["output"]
+        return ""

@@ -1,0 +1,46 @@
+"""Failure labels shared by the two places that retry: the container client and the model client."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class FailureKind(str, Enum):
+    TRANSIENT = "transient"
+    RATE_LIMITED = "rate_limited"
+    FATAL = "fatal"
+
+
+class HarnessError(Exception):
+    """An error with a one-line message meant for the user."""
+
+
+class ConfigError(HarnessError):
+    """Bad input, detected before any work starts."""
+
+
+class PreflightError(HarnessError):
+    """A container or endpoint is not fit for the run; raised before any rollout."""
+
+
+class ServiceError(HarnessError):
+    """A call to a container or model endpoint failed after retries."""
+
+    def __init__(self, message: str, kind: FailureKind):
+        super().__init__(message)
+        self.kind = kind
+
+
+class ContractViolation(ServiceError):
+    """A container answered with a body that does not fit the contract."""
+
+    def __init__(self, message: str):
+        super().__init__(message, FailureKind.FATAL)
+
+
+def classify_status(status_code: int) -> FailureKind:
+    if status_code == 429:
+        return FailureKind.RATE_LIMITED
+    if status_code >= 500 or status_code in (408, 409):
+        return FailureKind.TRANSIENT
+    return FailureKind.FATAL

@@ -1,0 +1,1 @@
+"""Per-run Parquet evidence: one schema module, one writer."""

@@ -1,0 +1,90 @@
+"""Checks a container against the run before any rollout; each failure is one line
+naming the cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.client import ContainerClient
+from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, PROGRAM_VERSION, ProgramResponse, TasksetResponse
+from harness.errors import PreflightError, ServiceError
+from harness.specs import RunSpec
+
+
+class PreflightResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    program: ProgramResponse
+    taskset: TasksetResponse
+    task_info: dict[str, Any] | None
+    rows: dict[str, dict[str, Any]]
+
+
+async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: list[str] | None) -> PreflightResult:
+    name = spec.container.name
+    try:
+        health = await client.health()
+        if health.status != "ok":
+            raise PreflightError(f"container {name}: /health status is {health.status!r}")
+        if health.contract_version and health.contract_version != CONTRACT_VERSION:
+            raise PreflightError(
+                f"container {name}: speaks contract {health.contract_version!r}, this harness speaks {CONTRACT_VERSION!r}")
+        metadata = await client.metadata()
+        if metadata.gepa_contract != GEPA_OPTIMIZER_CONTRACT:
+            raise PreflightError(
+                f"container {name}: metadata.optimizer_contracts.gepa.version is {metadata.gepa_contract!r}, "
+                f"expected {GEPA_OPTIMIZER_CONTRACT!r}")
+        program = await client.program()
+        _check_program(name, program, expected_modules)
+        taskset = await client.taskset()
+        rows = await _check_pools(client, name, spec, taskset)
+        task_info = await client.task_info()
+    except ServiceError as exc:
+        raise PreflightError(f"container {name}: {exc}") from exc
+    return PreflightResult(program=program, taskset=taskset, task_info=task_info, rows=rows)
+
+
+def _check_program(name: str, program: ProgramResponse, expected: list[str] | None) -> None:
+    if program.version != PROGRAM_VERSION:
+        raise PreflightError(f"container {name}: program version {program.version!r}, expected {PROGRAM_VERSION!r}")
+    modules = {m.module_id: m for m in program.modules}
+    if not program.target_modules:
+        raise PreflightError(f"container {name}: program has no target modules")
+    for module_id in program.target_modules:
+        module = modules.get(module_id)
+        if module is None:
+            raise PreflightError(f"container {name}: target module {module_id!r} is not among the program's modules")
+        if not module.mutable:
+            raise PreflightError(f"container {name}: target module {module_id!r} is not mutable")
+        field = module.candidate_field or module_id
+        if field not in program.seed_candidate:
+            raise PreflightError(f"container {name}: seed candidate lacks field {field!r} for module {module_id!r}")
+    if expected is not None:
+        missing = sorted(set(expected) - set(program.target_modules))
+        extra = sorted(set(program.target_modules) - set(expected))
+        if missing:
+            raise PreflightError(f"container {name}: lacks target module(s) {missing} named in the config")
+        if extra:
+            raise PreflightError(f"container {name}: advertises target module(s) {extra} the config does not name")
+
+
+async def _check_pools(client: ContainerClient, name: str, spec: RunSpec, taskset: TasksetResponse) -> dict[str, dict[str, Any]]:
+    pools = spec.pools
+    wanted: dict[str, list[str]] = {}
+    for pool_name in ("train", "pareto", "heldout"):
+        for task_id in getattr(pools, pool_name):
+            split, _, index = task_id.partition(":")
+            if split not in taskset.splits:
+                raise PreflightError(f"container {name}: pool {pool_name} names split {split!r}; "
+                                     f"the taskset has {sorted(taskset.splits)}")
+            if not index.isdigit() or int(index) >= taskset.splits[split]:
+                raise PreflightError(f"container {name}: task id {task_id!r} in pool {pool_name} is not in the "
+                                     f"taskset ({split} has {taskset.splits[split]} rows)")
+            if task_id not in wanted.setdefault(split, []):
+                wanted[split].append(task_id)
+    rows: dict[str, dict[str, Any]] = {}
+    for split, ids in wanted.items():
+        for task in await client.tasks(split, ids):
+            rows[task.task_id] = task.model_dump()
+    return rows

@@ -1,0 +1,115 @@
+"""Child services (containers, model servers): start on a free loopback port, wait until
+healthy, and always stop them, including on Ctrl-C and errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from harness.errors import PreflightError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ManagedProcess:
+    """One child process in its own process group, with its output in a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        *,
+        health_url: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        startup_timeout_s: float = 120.0,
+    ):
+        self.name = name
+        self.command = command
+        self.health_url = health_url
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self.startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = {**os.environ, **(self.env or {})}
+        try:
+            self._proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+                start_new_session=True, stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise PreflightError(f"cannot start {self.name}: {exc}") from exc
+        finally:
+            log.close()
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                tail = self._log_tail()
+                raise PreflightError(
+                    f"{self.name} exited with code {self._proc.returncode} before it was ready "
+                    f"(log {self.log_path}): {tail}"
+                )
+            try:
+                if httpx.get(self.health_url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise PreflightError(f"{self.name} not healthy at {self.health_url} after {self.startup_timeout_s:.0f}s")
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except (ProcessLookupError, PermissionError):
+            pass
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=grace_s)
+
+    def __enter__(self) -> "ManagedProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,193 @@
+"""One run: preflight, optimize, re-score on heldout, write evidence and manifest."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import time
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from algorithms.protocol import build_optimizer
+from harness.candidates import Candidate, mean_reward
+from harness.client import ContainerClient, Gate
+from harness.context import Progress, RunContext, RunFailed
+from harness.contract import PolicyBlock
+from harness.errors import HarnessError
+from harness.evidence.writer import EvidenceLocation
+from harness.llm import ChatClient
+from harness.preflight import preflight
+from harness.pricing import PRICE_TABLE_VERSION
+from harness.services import Endpoints
+from harness.specs import RunSpec
+
+VERSIONED_PACKAGES = ("gepa-harness", "pydantic", "httpx", "pyarrow", "polars", "ray", "hydra-core", "gepa")
+
+
+class HeldoutScore(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    candidate_id: str
+    pareto_score: float | None
+    heldout_score: float
+
+
+class RunOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    status: str  # "done" or "failed"
+    evidence_dir: str
+    stop_reason: str | None = None
+    error: str | None = None
+    seed_candidate_id: str | None = None
+    best_candidate_id: str | None = None
+    seed_heldout: float | None = None
+    best_heldout: float | None = None
+    seed_texts: dict[str, str] | None = None
+    best_texts: dict[str, str] | None = None
+    rollouts: int = 0
+    heldout_rollouts: int = 0
+    tokens: int = 0
+    cost_usd: float | None = 0.0
+    wall_s: float = 0.0
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _pareto_score(ctx: RunContext, candidate: Candidate) -> float | None:
+    results = [ctx.cached_result(candidate, t) for t in ctx.pools.pareto]
+    if any(r is None for r in results):
+        return None
+    return mean_reward([r for r in results if r is not None])
+
+
+def heldout_candidates(ctx: RunContext, best_id: str) -> list[Candidate]:
+    """Which candidates to judge on heldout: seed and best, every candidate on the
+    frontier pool, or the top-K by pareto score."""
+    choice = ctx.spec.heldout_candidates
+    seed = ctx.seed_candidate
+    if choice == "best":
+        picked = [seed] + ([ctx.candidate(best_id)] if best_id != seed.candidate_id else [])
+        return picked
+    scored = [(c, _pareto_score(ctx, c)) for c in ctx.candidates]
+    ranked = [c for c, score in sorted((p for p in scored if p[1] is not None), key=lambda p: (-p[1], p[0].index))]
+    if choice != "all":
+        ranked = ranked[:choice]
+    ids = {c.candidate_id for c in ranked}
+    return sorted(ranked + ([seed] if seed.candidate_id not in ids else []) + (
+        [ctx.candidate(best_id)] if best_id not in ids and best_id != seed.candidate_id else []), key=lambda c: c.index)
+
+
+async def _score_heldout(ctx: RunContext, best_id: str) -> list[HeldoutScore]:
+    scores = []
+    for candidate in heldout_candidates(ctx, best_id):
+        results = await ctx.evaluate(candidate, list(ctx.pools.heldout), "heldout")
+        scores.append(HeldoutScore(candidate_id=candidate.candidate_id, pareto_score=_pareto_score(ctx, candidate),
+                                   heldout_score=mean_reward(results)))
+    return scores
+
+
+async def execute_run(
+    spec: RunSpec,
+    endpoints: Endpoints,
+    *,
+    observer: Callable[[Progress], None] | None = None,
+    max_error_rate: float = 0.5,
+    rollout_gate: Gate | None = None,
+    proposer_gate: Gate | None = None,
+) -> RunOutcome:
+    """Run one spec to completion and write its evidence. Bad input raises before any
+    rollout; failures after that are recorded in the manifest and returned."""
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
+    optimizer = build_optimizer(spec.algorithm.name, spec.algorithm.params)
+    location.check_writable()
+    location.clear_partial()
+    client = ContainerClient(endpoints.container_url, api_key_env=spec.container.api_key_env,
+                             concurrency=spec.concurrency, timeout_s=spec.container.request_timeout_s,
+                             gate=rollout_gate)
+    proposer = ChatClient(endpoints.proposer_url, spec.proposer.model, api_key_env=spec.proposer.api_key_env,
+                          timeout_s=spec.proposer.timeout_s, gate=proposer_gate)
+    try:
+        checked = await preflight(client, spec, spec.container.target_modules)
+        policy = PolicyBlock(provider=spec.policy.provider, model=spec.policy.model, base_url=endpoints.policy_url,
+                             max_tokens=spec.policy.max_tokens, temperature=spec.policy.temperature)
+        ctx = RunContext(spec, client, checked.program, policy, proposer, task_info=checked.task_info,
+                         rows=checked.rows, observer=observer, max_error_rate=max_error_rate)
+        ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
+        status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
+        t_opt = time.monotonic()
+        try:
+            result = await optimizer.run(ctx)
+            stop_reason, best_id = result.stop_reason, result.best_candidate_id
+            t_heldout = time.monotonic()
+            heldout = await _score_heldout(ctx, best_id)
+        except (RunFailed, HarnessError) as exc:
+            status, error, t_heldout = "failed", str(exc), time.monotonic()
+            ctx.event("error", str(exc))
+        finished = time.monotonic()
+        _write(location, ctx, spec, status=status, error=error, stop_reason=stop_reason, best_id=best_id,
+               heldout=heldout, started_at=started_at,
+               timings={"wall_s": finished - t0, "preflight_s": t_opt - t0, "optimize_s": t_heldout - t_opt,
+                        "heldout_s": finished - t_heldout})
+    finally:
+        await client.aclose()
+        await proposer.aclose()
+    by_id = {h.candidate_id: h for h in heldout}
+    seed_id = ctx.seed_candidate.candidate_id
+    return RunOutcome(
+        run_id=spec.run_id, status=status, evidence_dir=location.run_dir, stop_reason=stop_reason, error=error,
+        seed_candidate_id=seed_id, best_candidate_id=best_id,
+        seed_heldout=by_id[seed_id].heldout_score if seed_id in by_id else None,
+        best_heldout=by_id[best_id].heldout_score if best_id in by_id else None,
+        seed_texts=ctx.seed_candidate.texts, best_texts=ctx.candidate(best_id).texts,
+        rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts, tokens=ctx.usage.tokens,
+        cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
+    )
+
+
+def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status: str, error: str | None,
+           stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
+           timings: dict[str, float]) -> None:
+    evidence = ctx.evidence
+    location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
+    location.write_table("candidates", evidence.candidates)
+    location.write_table("proposals", evidence.proposals)
+    location.write_table("events", evidence.events)
+    usage = ctx.usage
+    manifest: dict[str, Any] = {
+        "run_id": spec.run_id, "sweep": spec.sweep, "status": status, "error": error, "stop_reason": stop_reason,
+        "spec": spec.model_dump(mode="json"), "identity": spec.identity(), "axes": spec.axes,
+        "versions": package_versions(), "price_table_version": PRICE_TABLE_VERSION,
+        "seeds": {"run": spec.seed},
+        "best_candidate_id": best_id, "seed_candidate_id": ctx.seed_candidate.candidate_id,
+        "heldout": [h.model_dump() for h in heldout],
+        "totals": {
+            "rollouts": usage.rollouts, "heldout_rollouts": usage.heldout_rollouts,
+            "failed_rollouts": usage.failed_rollouts, "candidates": len(evidence.candidates),
+            "proposals": len(evidence.proposals), "proposer_calls": usage.proposer_calls,
+            "policy_prompt_tokens": usage.policy_prompt_tokens,
+            "policy_completion_tokens": usage.policy_completion_tokens,
+            "proposer_prompt_tokens": usage.proposer_prompt_tokens,
+            "proposer_completion_tokens": usage.proposer_completion_tokens,
+            "cost_usd": None if usage.cost_unknown else usage.cost_usd,
+        },
+        "timings": {**timings, "started_at": started_at.isoformat(),
+                    "finished_at": datetime.now(timezone.utc).isoformat()},
+    }
+    location.write_manifest(manifest)
+
+
+def run_sync(spec: RunSpec, endpoints: Endpoints, **kwargs: Any) -> RunOutcome:
+    return asyncio.run(execute_run(spec, endpoints, **kwargs))

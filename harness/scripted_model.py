@@ -1,0 +1,393 @@
+"""A scripted, deterministic OpenAI-compatible model server for tests and smoke runs.
+
+It is a real HTTP server on loopback (FastAPI + uvicorn), so tests exercise the same
+client path as a hosted model. Scripts are chosen by name at start:
+
+- `rules` (default): a policy that follows rule lines in its system prompt, and a proposer
+  that adds one rule per call from failing examples, so optimization can really improve.
+- `queue`: replies taken in order from a JSON list, cycling.
+- `fail` / `fail_429`: always HTTP 500 / 429 (with `Retry-After: 0`).
+
+Proposer request format (what the optimizer sends; the constants below are the contract):
+the system message starts with `PROPOSER_MARKER`; the user message holds the current
+instruction between `CURRENT_OPEN` and `CURRENT_CLOSE` lines and examples rendered by
+`format_example`. Feedback carries the expected label as "expected intent `LABEL`" or
+"Expected: LABEL". The reply is the new instruction inside a ``` fenced block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from harness.processes import ManagedProcess, free_port
+
+PROPOSER_MARKER = "You improve prompts"
+CURRENT_OPEN = "<current_instruction>"
+CURRENT_CLOSE = "</current_instruction>"
+EXAMPLE_HEADER = "### Example {k}"
+RULE_TEMPLATE = '- If the message mentions "{word}", answer: {label}'
+DEFAULT_SCRIPT = "rules"
+
+_RULE_RE = re.compile(r'^\s*-\s*If the message mentions "(?P<word>[^"]+)",\s*answer:\s*(?P<label>.+?)\s*$', re.I | re.M)
+_EXPECTED_RES = (re.compile(r"expected intent\s*`([^`]+)`", re.I), re.compile(r"Expected:\s*`?([^\s`]+)`?", re.I))
+_EXAMPLE_SPLIT_RE = re.compile(r"^### Example\s+\d+\s*$", re.M)
+_SECTION_RE = re.compile(r"^(Input|Output|Feedback):[ \t]*\n?", re.M)
+_WORD_RE = re.compile(r"[A-Za-z]+")
+_STOPWORDS = frozenset(
+    "about above after again against because before being below between could doing during "
+    "further having hello other ought please should their there these thing things those "
+    "through under until where which while would yours yourself thanks thank might really "
+    "every today tomorrow still since message answer".split()
+)
+
+
+def format_example(k: int, input_text: str, output_text: str, feedback: str) -> str:
+    """One example block in the format the `rules` proposer parses."""
+    return f"{EXAMPLE_HEADER.format(k=k)}\nInput:\n{input_text}\nOutput:\n{output_text}\nFeedback:\n{feedback}\n"
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def _role(messages: list[dict[str, Any]]) -> str:
+    system = next((m["content"] for m in messages if m.get("role") == "system"), "")
+    return "proposer" if system.lstrip().startswith(PROPOSER_MARKER) else "policy"
+
+
+def _last_user(messages: list[dict[str, Any]]) -> str:
+    return next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+class ScriptError(Exception):
+    """Raised by a script to answer with an HTTP error instead of a completion."""
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None):
+        super().__init__(f"scripted HTTP {status}")
+        self.status = status
+        self.headers = headers or {}
+
+
+class Script:
+    name = "base"
+
+    def __init__(self, replies: list[str] | None = None):
+        self.replies = replies
+
+    def reply(self, messages: list[dict[str, Any]], role: str) -> str:
+        raise NotImplementedError
+
+
+def rules_in(text: str) -> list[tuple[str, str]]:
+    """(word, label) pairs of the rule lines in `text`, in order."""
+    return [(m["word"], m["label"]) for m in _RULE_RE.finditer(text)]
+
+
+_LABEL_HEADS = ("available intents:", "labels:")
+
+
+def _without_label_list(text: str) -> str:
+    """The message up to its label list, so rule words do not match the label names."""
+    kept = []
+    for line in text.splitlines():
+        if line.strip().lower().startswith(_LABEL_HEADS):
+            break
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def first_label(text: str) -> str | None:
+    """First label after an `Available intents:` line, or in a `Labels: a, b` line."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        for head in _LABEL_HEADS:
+            if not stripped.lower().startswith(head):
+                continue
+            rest = stripped[len(head):].strip()
+            if not rest and head == "available intents:":  # list on the following lines
+                rest = next((nxt.strip() for nxt in lines[i + 1:] if nxt.strip()), "")
+            label = rest.lstrip("-*• ").split(",")[0].strip().strip("`'\"")
+            if label:
+                return label
+    return None
+
+
+class RulesScript(Script):
+    name = "rules"
+
+    def reply(self, messages: list[dict[str, Any]], role: str) -> str:
+        return self._propose(_last_user(messages)) if role == "proposer" else self._answer(messages)
+
+    @staticmethod
+    def _answer(messages: list[dict[str, Any]]) -> str:
+        system = "\n".join(m["content"] for m in messages if m.get("role") == "system")
+        user = _last_user(messages)
+        message = _without_label_list(user).lower()
+        for word, label in rules_in(system):
+            if word.lower() in message:  # substring: "refund" also matches "refunds"
+                return label
+        return first_label(user) or first_label(system) or "unknown"
+
+    @staticmethod
+    def _propose(text: str) -> str:
+        current = ""
+        if CURRENT_OPEN in text and CURRENT_CLOSE in text:
+            current = text.split(CURRENT_OPEN, 1)[1].split(CURRENT_CLOSE, 1)[0].strip("\n")
+        existing = rules_in(current)
+        ruled_labels = {label.lower() for _, label in existing}
+        ruled_words = {word.lower() for word, _ in existing}
+        for block in _EXAMPLE_SPLIT_RE.split(text)[1:]:
+            sections = _sections(block)
+            expected = _expected_label(sections.get("feedback", ""))
+            if expected is None or expected.lower() in ruled_labels:
+                continue
+            if sections.get("output", "").strip().strip("`").lower() == expected.lower():
+                continue  # this example already passes
+            word = _distinctive_word(sections.get("input", ""), ruled_words)
+            if word is None:
+                continue
+            rule = RULE_TEMPLATE.format(word=word, label=expected)
+            return f"```\n{current.rstrip()}\n{rule}\n```" if current.strip() else f"```\n{rule}\n```"
+        return f"```\n{current}\n```"
+
+
+def _sections(block: str) -> dict[str, str]:
+    parts = _SECTION_RE.split(block)
+    # split yields [preamble, name1, body1, name2, body2, ...]
+    return {parts[i].lower(): parts[i + 1].strip("\n") for i in range(1, len(parts) - 1, 2)}
+
+
+def _expected_label(feedback: str) -> str | None:
+    for pattern in _EXPECTED_RES:
+        match = pattern.search(feedback)
+        if match:
+            return match.group(1).strip().rstrip(".,;")
+    return None
+
+
+def _distinctive_word(text: str, taken: set[str]) -> str | None:
+    best: str | None = None
+    for word in _WORD_RE.findall(text):
+        low = word.lower()
+        if len(low) >= 5 and low not in _STOPWORDS and low not in taken and (best is None or len(low) > len(best)):
+            best = low
+    return best
+
+
+class QueueScript(Script):
+    name = "queue"
+
+    def __init__(self, replies: list[str] | None = None):
+        if not replies:
+            raise ValueError("the queue script needs a non-empty replies list (--replies FILE)")
+        super().__init__(replies)
+        self._next = 0
+
+    def reply(self, messages: list[dict[str, Any]], role: str) -> str:
+        assert self.replies is not None
+        text = self.replies[self._next % len(self.replies)]
+        self._next += 1
+        return text
+
+
+class FailScript(Script):
+    name = "fail"
+
+    def reply(self, messages: list[dict[str, Any]], role: str) -> str:
+        raise ScriptError(500)
+
+
+class Fail429Script(Script):
+    name = "fail_429"
+
+    def reply(self, messages: list[dict[str, Any]], role: str) -> str:
+        raise ScriptError(429, {"Retry-After": "0"})
+
+
+SCRIPTS: dict[str, type[Script]] = {cls.name: cls for cls in (RulesScript, QueueScript, FailScript, Fail429Script)}
+
+
+def make_script(name: str, replies: list[str] | None = None) -> Script:
+    if name not in SCRIPTS:
+        raise ValueError(f"unknown script {name!r}; known: {', '.join(sorted(SCRIPTS))}")
+    return SCRIPTS[name](replies)
+
+
+def create_app(script: Script) -> FastAPI:
+    app = FastAPI(title=f"scripted model ({script.name})")
+    counts: dict[str, int] = {"policy": 0, "proposer": 0}
+    served = {"n": 0}
+
+    # async handlers run on one event loop, so counters and the queue need no lock
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        messages = [m for m in body.get("messages", []) if isinstance(m, dict)]
+        for m in messages:
+            m["content"] = m.get("content") if isinstance(m.get("content"), str) else ""
+        role = _role(messages)
+        counts[role] += 1
+        try:
+            text = script.reply(messages, role)
+        except ScriptError as exc:
+            error = {"error": {"message": str(exc), "type": "scripted_failure"}}
+            return JSONResponse(error, status_code=exc.status, headers=exc.headers)
+        finish = "stop"
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, int) and _count_tokens(text) > max_tokens:
+            text, finish = " ".join(text.split()[:max_tokens]), "length"
+        served["n"] += 1
+        prompt_tokens = sum(_count_tokens(m["content"]) for m in messages)
+        completion_tokens = _count_tokens(text)
+        return JSONResponse({
+            "id": f"chatcmpl-scripted-{served['n']}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", script.name),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": f"scripted-{script.name}", "object": "model", "owned_by": "harness"}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "script": script.name}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {"script": script.name, "requests": dict(counts), "total": sum(counts.values())}
+
+    return app
+
+
+def load_replies(path: str | Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+        raise ValueError(f"{path}: replies must be a JSON list of strings")
+    return data
+
+
+class ScriptedModelServer:
+    """Runs the scripted model as a child process on a free loopback port."""
+
+    def __init__(self, script: str = DEFAULT_SCRIPT, replies: list[str] | None = None, *,
+                 log_dir: Path | None = None, startup_timeout_s: float = 30.0):
+        if script not in SCRIPTS:
+            raise ValueError(f"unknown script {script!r}; known: {', '.join(sorted(SCRIPTS))}")
+        self.script = script
+        self.replies = replies
+        self.port = free_port()
+        self._tmp = tempfile.TemporaryDirectory(prefix="scripted-model-")
+        self.log_dir = log_dir or Path(self._tmp.name)
+        command = [sys.executable, "-m", "harness.scripted_model", "--port", str(self.port), "--script", script]
+        if replies is not None:
+            replies_path = Path(self._tmp.name) / "replies.json"
+            replies_path.write_text(json.dumps(replies))
+            command += ["--replies", str(replies_path)]
+        # the child must import this package even when it is not installed
+        project_root = str(Path(__file__).resolve().parent.parent)
+        self._proc = ManagedProcess(
+            f"scripted-model[{script}]", command, health_url=f"http://127.0.0.1:{self.port}/health",
+            log_path=self.log_dir / f"scripted-model-{self.port}.log",
+            env={"PYTHONPATH": os.pathsep.join(filter(None, [project_root, os.environ.get("PYTHONPATH")]))},
+            startup_timeout_s=startup_timeout_s,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/stats"
+
+    def start(self) -> None:
+        self._proc.start()
+
+    def stop(self) -> None:
+        self._proc.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "ScriptedModelServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ScriptedModelThread:
+    """The same server inside this process (a uvicorn thread): faster for unit tests."""
+
+    def __init__(self, script: str = DEFAULT_SCRIPT, replies: list[str] | None = None):
+        self.script = make_script(script, replies)
+        self.port = free_port()
+        config = uvicorn.Config(create_app(self.script), host="127.0.0.1", port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="scripted-model", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/stats"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"scripted model thread did not start on port {self.port}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> "ScriptedModelThread":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.scripted_model", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--script", default=DEFAULT_SCRIPT, choices=sorted(SCRIPTS))
+    parser.add_argument("--replies", help="JSON list of reply strings (queue script)")
+    args = parser.parse_args(argv)
+    try:
+        script = make_script(args.script, load_replies(args.replies))
+    except (OSError, ValueError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

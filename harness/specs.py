@@ -1,0 +1,162 @@
+"""Frozen, typed run specifications. Hydra's config ends at the entry point; everything
+below takes these models. A run id hashes only the fields that change results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(Spec):
+    """A model endpoint. `local` is the embedded llama.cpp server, `scripted` the fake
+    model server for tests, `openai_compatible` any hosted or self-hosted endpoint."""
+
+    provider: Literal["local", "scripted", "openai_compatible"]
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    max_tokens: int = Field(default=256, gt=0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # local: GGUF reference (registry name, path, or hf:repo/file); scripted: script name
+    source: str | None = None
+    # transport settings, not part of the run id
+    timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.provider == "openai_compatible" and not self.base_url:
+            raise ValueError(f"model {self.model!r}: provider openai_compatible needs base_url")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"timeout_s", "api_key_env"})
+
+
+class ContainerSpec(Spec):
+    name: str
+    # how to start it (the harness appends --host/--port/--data-dir); None attaches to url
+    command: list[str] | None = None
+    url: str | None = None
+    api_key_env: str | None = None
+    policy_key_env: str | None = None
+    data_dir: str | None = None
+    # when set, the container must advertise exactly these target modules
+    target_modules: list[str] | None = None
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+    request_timeout_s: float = Field(default=180.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ContainerSpec":
+        if not self.command and not self.url:
+            raise ValueError(f"container {self.name!r}: needs a command to start it or a url to attach to")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+class BudgetSpec(Spec):
+    max_rollouts: int = Field(gt=0)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_wall_s: float | None = Field(default=None, gt=0)
+    max_generations: int | None = Field(default=None, gt=0)
+
+
+class PoolSpec(Spec):
+    """Task ids, given explicitly or as a contiguous range of a split."""
+
+    split: str | None = None
+    start: int = Field(default=0, ge=0)
+    count: int | None = Field(default=None, gt=0)
+    ids: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "PoolSpec":
+        if self.ids is None and (self.split is None or self.count is None):
+            raise ValueError("a pool needs either ids or split and count")
+        return self
+
+    def resolve(self) -> tuple[str, ...]:
+        if self.ids is not None:
+            return tuple(self.ids)
+        return tuple(f"{self.split}:{i}" for i in range(self.start, self.start + (self.count or 0)))
+
+
+class Pools(Spec):
+    """Resolved task ids per pool. Feedback rows (minibatches, reflection) come from
+    `train`; candidates are ranked on `pareto`; `heldout` judges them afterwards."""
+
+    train: tuple[str, ...]
+    pareto: tuple[str, ...]
+    heldout: tuple[str, ...]
+    allow_overlap: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "Pools":
+        for name in ("train", "pareto", "heldout"):
+            ids = getattr(self, name)
+            if not ids:
+                raise ValueError(f"pool {name!r} is empty")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"pool {name!r} has duplicate task ids")
+            for task_id in ids:
+                if ":" not in task_id:
+                    raise ValueError(f"task id {task_id!r} in pool {name!r} is not of the form split:index")
+        if not self.allow_overlap:
+            overlap = (set(self.train) | set(self.pareto)) & set(self.heldout)
+            if overlap:
+                raise ValueError(f"heldout overlaps train/pareto on {len(overlap)} ids, e.g. {sorted(overlap)[0]}")
+        return self
+
+
+class AlgorithmSpec(Spec):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunSpec(Spec):
+    sweep: str = "local"
+    container: ContainerSpec
+    policy: ModelSpec
+    proposer: ModelSpec
+    algorithm: AlgorithmSpec
+    pools: Pools
+    budget: BudgetSpec
+    seed: int = 0
+    # re-score on heldout: "best" (seed and best), "all", or the top-K by pareto score
+    heldout_candidates: Literal["best", "all"] | int = "best"
+    # transport and placement: do not change results, not in the run id
+    concurrency: int = Field(default=4, gt=0)
+    evidence_root: str = "evidence"
+    axes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("heldout_candidates")
+    @classmethod
+    def _positive_k(cls, value: Any) -> Any:
+        if isinstance(value, int) and value <= 0:
+            raise ValueError("heldout_candidates as top-K must be positive")
+        return value
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "container": self.container.identity(),
+            "policy": self.policy.identity(),
+            "proposer": self.proposer.identity(),
+            "algorithm": self.algorithm.model_dump(),
+            "pools": self.pools.model_dump(),
+            "budget": self.budget.model_dump(),
+            "seed": self.seed,
+            "heldout_candidates": self.heldout_candidates,
+        }
+
+    @property
+    def run_id(self) -> str:
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""Sweeps: axes expanded into run specs by our code, scheduled on Ray actors, resumable."""

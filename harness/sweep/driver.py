@@ -1,0 +1,179 @@
+"""Runs a sweep: start shared services once, skip finished runs, schedule the rest on
+Ray actors with a bounded number in flight, record every run in the index, and end with
+a table of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from harness.config import HarnessConfig
+from harness.run import RunOutcome
+from harness.services import Endpoints, Services
+from harness.specs import RunSpec
+from harness.sweep.expand import SweepSpec
+from harness.sweep.store import SweepStore
+
+
+class PlannedRun(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    spec: RunSpec
+    max_error_rate: float
+
+
+def _index_row(spec: RunSpec, status: str, outcome: RunOutcome | None, attempts: int) -> dict[str, Any]:
+    axes = spec.axes
+    return {
+        "run_id": spec.run_id, "status": status, "error": outcome.error if outcome else None,
+        "evidence_dir": outcome.evidence_dir if outcome and outcome.evidence_dir else None,
+        "axes_json": json.dumps(axes, sort_keys=True), "container": spec.container.name,
+        "policy": axes.get("policy", spec.policy.model), "proposer": axes.get("proposer", spec.proposer.model),
+        "algorithm": spec.algorithm.name, "seed": spec.seed, "attempts": attempts,
+        "rollouts": outcome.rollouts if outcome else None, "wall_s": outcome.wall_s if outcome else None,
+        "seed_heldout": outcome.seed_heldout if outcome else None,
+        "best_heldout": outcome.best_heldout if outcome else None,
+    }
+
+
+def _parity(runs: list[PlannedRun]) -> dict[str, Any]:
+    """What a reader needs to check that arms were compared fairly."""
+    specs = [r.spec for r in runs]
+    return {
+        "seeds": sorted({s.seed for s in specs}),
+        "budgets": sorted({s.budget.model_dump_json() for s in specs}),
+        "policies": sorted({s.policy.model for s in specs}),
+        "proposers": sorted({s.proposer.model for s in specs}),
+        "heldout_ids": {s.container.name: list(s.pools.heldout) for s in specs},
+        "concurrency": sorted({s.concurrency for s in specs}),
+        "heldout_candidates": sorted({str(s.heldout_candidates) for s in specs}),
+    }
+
+
+def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, console: Console) -> int:
+    import ray
+
+    from harness.pricing import PRICE_TABLE_VERSION
+    from harness.sweep.limits import EndpointLimiter
+    from harness.sweep.worker import RunWorker, SweepBoard
+
+    store = SweepStore(base.evidence_root, sweep.name)
+    store.check_writable()
+    log_dir = Path(store.dir) / "logs"
+    store.write_sweep({"sweep": sweep.model_dump(), "grid": [{"run_id": r.spec.run_id, **r.spec.axes} for r in runs],
+                       "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION})
+    rows: dict[str, dict[str, Any]] = {}
+    todo: list[PlannedRun] = []
+    for run in runs:
+        manifest = store.run_location(run.spec.run_id).read_manifest()
+        if manifest is not None and manifest.get("status") == "done":
+            rows[run.spec.run_id] = _index_row(run.spec, "skipped", None, 0) | {
+                "evidence_dir": store.run_location(run.spec.run_id).run_dir}
+        else:
+            rows[run.spec.run_id] = _index_row(run.spec, "pending", None, 0)
+            todo.append(run)
+    store.write_index(list(rows.values()))
+    console.print(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run",
+                  highlight=False)
+    if not todo:
+        _print_table(console, rows, store.dir)
+        return 0
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(address=base.ray.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             ignore_reinit_error=True)
+    try:
+        with Services(log_dir, base.local_server) as services:
+            console.print("starting shared containers and model servers ...", highlight=False)
+            endpoints = {r.spec.run_id: services.endpoints(r.spec.container, r.spec.policy, r.spec.proposer) for r in todo}
+            limits = _limits(base, endpoints.values())
+            limiter = EndpointLimiter.remote(limits)
+            board = SweepBoard.remote()
+            _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker)
+    finally:
+        ray.shutdown()
+    _print_table(console, rows, store.dir)
+    return 0 if all(r["status"] in ("done", "skipped") for r in rows.values()) else 1
+
+
+def _limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for e in endpoints:
+        limits[e.container_url] = base.ray.container_concurrency
+        limits[e.policy_url] = base.ray.model_concurrency
+        limits[e.proposer_url] = base.ray.model_concurrency
+    return limits
+
+
+def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: Any, board: Any,
+              base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
+              console: Console, worker_cls: Any) -> None:
+    import ray
+    from ray.exceptions import RayActorError, WorkerCrashedError
+
+    queue = list(todo)
+    attempts: dict[str, int] = {}
+    in_flight: dict[Any, tuple[PlannedRun, Any]] = {}
+    idle: list[Any] = []
+    width = min(base.ray.max_runs_in_flight, len(todo))
+    started = time.monotonic()
+
+    def submit(run: PlannedRun) -> None:
+        actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run).remote()
+        attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
+        ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
+                               board, str(log_dir), run.max_error_rate)
+        in_flight[ref] = (run, actor)
+        rows[run.spec.run_id]["status"] = "running"
+
+    with Live(_status_line(rows, {}, started), console=console, refresh_per_second=2, transient=False) as live:
+        while queue or in_flight:
+            while queue and len(in_flight) < width:
+                submit(queue.pop(0))
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+            for ref in ready:
+                run, actor = in_flight.pop(ref)
+                run_id = run.spec.run_id
+                try:
+                    outcome = RunOutcome.model_validate_json(ray.get(ref))
+                    idle.append(actor)
+                except (RayActorError, WorkerCrashedError) as exc:
+                    if attempts[run_id] < 2:  # the worker died: retry once on a fresh actor
+                        queue.insert(0, run)
+                        continue
+                    outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="",
+                                         error=f"worker died twice: {type(exc).__name__}")
+                rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
+                store.write_index(list(rows.values()))
+            live.update(_status_line(rows, ray.get(board.snapshot.remote()), started))
+
+
+def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started: float) -> str:
+    counts: dict[str, int] = {}
+    for row in rows.values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    elapsed = time.monotonic() - started
+    rate = board.get("rollouts", 0) / elapsed if elapsed > 0 else 0.0
+    parts = [f"{counts.get(s, 0)} {s}" for s in ("done", "running", "failed", "pending", "skipped") if counts.get(s)]
+    return (f"runs: {', '.join(parts)} | {rate:.1f} rollouts/s | {board.get('tokens', 0):,} tokens | "
+            f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}")
+
+
+def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str) -> None:
+    table = Table(title="runs")
+    for column in ("run_id", "status", "container", "policy", "proposer", "algorithm", "seed", "seed→best heldout",
+                   "where / error"):
+        table.add_column(column, overflow="fold")
+    for row in rows.values():
+        scores = "" if row["best_heldout"] is None else f"{row['seed_heldout'] or 0:.3f}→{row['best_heldout']:.3f}"
+        where = row["error"] or row["evidence_dir"] or ""
+        table.add_row(row["run_id"], row["status"], row["container"], row["policy"], row["proposer"],
+                      row["algorithm"], str(row["seed"]), scores, where)
+    console.print(table)
+    console.print(f"index: {sweep_dir}/index.parquet; per-run logs: {sweep_dir}/logs/", highlight=False)

@@ -1,0 +1,61 @@
+"""Sweep-level files next to the runs: the index of runs (Parquet) and sweep.json (the
+sweep, its expected grid and the parity controls), each written atomically."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.evidence.writer import EvidenceLocation
+
+INDEX_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("evidence_dir", pa.string()),
+        ("axes_json", pa.string()),
+        ("container", pa.string()),
+        ("policy", pa.string()),
+        ("proposer", pa.string()),
+        ("algorithm", pa.string()),
+        ("seed", pa.int64()),
+        ("attempts", pa.int64()),
+        ("rollouts", pa.int64()),
+        ("wall_s", pa.float64()),
+        ("seed_heldout", pa.float64()),
+        ("best_heldout", pa.float64()),
+    ]
+)
+
+
+class SweepStore:
+    def __init__(self, evidence_root: str, sweep: str):
+        self.evidence_root, self.sweep = evidence_root, sweep
+        self._probe = EvidenceLocation(evidence_root, sweep, "_")
+        self.fs, self.dir = self._probe.fs, self._probe.sweep_dir
+
+    def check_writable(self) -> None:
+        self._probe.check_writable()
+
+    def run_location(self, run_id: str) -> EvidenceLocation:
+        return EvidenceLocation(self.evidence_root, self.sweep, run_id)
+
+    def _atomic(self, name: str, data: bytes) -> None:
+        self.fs.create_dir(self.dir, recursive=True)
+        temp = f"{self.dir}/.{name}.tmp"
+        with self.fs.open_output_stream(temp) as stream:
+            stream.write(data)
+        self.fs.move(temp, f"{self.dir}/{name}")
+
+    def write_index(self, rows: list[dict[str, Any]]) -> None:
+        table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        self._atomic("index.parquet", sink.getvalue().to_pybytes())
+
+    def write_sweep(self, payload: dict[str, Any]) -> None:
+        self._atomic("sweep.json", json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
