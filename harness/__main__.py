@@ -21,10 +21,13 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 def run_single(config: HarnessConfig, console: Console) -> int:
     from harness.console import RunProgressBar, print_outcome
+    from harness.evidence.writer import EvidenceLocation
     from harness.run import execute_run
     from harness.services import Services
 
     spec = run_spec(config)
+    # service logs go under the evidence root: check it before starting anything (as a sweep does)
+    EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id).check_writable()
     log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
                   f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
@@ -48,9 +51,13 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     sweep = parse_sweep(config.sweep or {})
     user_overrides = list(HydraConfig.get().overrides.task)
     cwd = HydraConfig.get().runtime.cwd
+    # a user's extra config dirs (hydra.searchpath=[...]) live in the hydra overrides, not the
+    # task ones: each grid point must see them too, or an option found there cannot be an axis value
+    searchpath = [o for o in HydraConfig.get().overrides.hydra if o.partition("=")[0] == "hydra.searchpath"]
 
     def compose_point(overrides: list[str]) -> dict:
-        return OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)  # type: ignore[return-value]
+        cfg = compose(config_name="config", overrides=searchpath + overrides)
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
     planned = []
     for point, raw in expand(sweep, user_overrides, compose_point):
@@ -75,7 +82,8 @@ def main(cfg: DictConfig) -> None:
         else:
             code = run_single(config, console)
     except HarnessError as exc:
-        console.print(f"error: {exc}", style="red", highlight=False, markup=False)
+        # soft_wrap: one line whatever the terminal width, so the cause reads (and greps) whole
+        console.print(f"error: {exc}", style="red", highlight=False, markup=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("interrupted: stopped the services this run started", style="yellow")

@@ -57,7 +57,8 @@ class HarnessConfig(BaseModel):
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
+    # a model-level check (e.g. Pools' overlap check) has an empty location: name the model
+    where = ".".join(str(p) for p in err["loc"]) or exc.title.lower()
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         return f"unknown config key '{where}' (misspelled?)"

@@ -252,6 +252,13 @@ class LocalServerSettings(BaseModel):
     chat_template: str | None = None
 
 
+def _is_file(value: str) -> bool:
+    try:  # a Jinja template string is not a path (and may be too long for one)
+        return "\n" not in value and Path(value).expanduser().is_file()
+    except OSError:
+        return False
+
+
 def _default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -292,18 +299,16 @@ class LocalModelServer:
         cmd = [
             str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
             "-np", str(s.slots), "-c", str(s.slots * s.ctx_per_slot),
-            "--threads", str(threads), "--threads-batch", str(threads),
+            "--threads", str(threads),  # also used for prompt processing (--threads-batch default)
             "--alias", self.model_name, "--no-webui",
             # explicit although it is the default: a shared instruction prefix is not
             # re-evaluated per call. Jinja (the GGUF's own template) is on by default here.
             "--cache-prompt",
         ]
-        if s.chat_template:
-            template_path = Path(s.chat_template).expanduser()
-            if template_path.is_file():
-                cmd += ["--chat-template-file", str(template_path)]
-            else:
-                cmd += ["--chat-template", s.chat_template]
+        if s.chat_template and _is_file(s.chat_template):
+            cmd += ["--chat-template-file", str(Path(s.chat_template).expanduser())]
+        elif s.chat_template:
+            cmd += ["--chat-template", s.chat_template]
         return cmd
 
     def start(self) -> None:
@@ -327,7 +332,7 @@ class LocalModelServer:
     def __enter__(self) -> "LocalModelServer":
         try:
             self.start()
-        except BaseException:
+        except BaseException:  # e.g. Ctrl-C while waiting for health: do not leak the child
             self.stop()
             raise
         return self

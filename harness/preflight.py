@@ -3,13 +3,14 @@ naming the cause."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from harness.client import ContainerClient
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, PROGRAM_VERSION, ProgramResponse, TasksetResponse
-from harness.errors import PreflightError, ServiceError
+from harness.errors import ConfigError, PreflightError, ServiceError
 from harness.specs import RunSpec
 
 
@@ -21,7 +22,20 @@ class PreflightResult(BaseModel):
     rows: dict[str, dict[str, Any]]
 
 
+def check_model_keys(spec: RunSpec) -> None:
+    """Hosted models' keys must be in this environment before any rollout: the proposer's
+    (the harness calls it) and the policy's when the harness starts the container (the
+    container inherits this environment; an attached container holds its own keys)."""
+    needed = [("proposer", spec.proposer, spec.proposer.api_key_env)]
+    if spec.container.command:
+        needed.insert(0, ("policy", spec.policy, spec.container.policy_key_env or spec.policy.api_key_env))
+    for role, model, key_env in needed:
+        if key_env and not os.environ.get(key_env):
+            raise ConfigError(f"environment variable {key_env} is not set (API key for {role} {model.model})")
+
+
 async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: list[str] | None) -> PreflightResult:
+    check_model_keys(spec)
     name = spec.container.name
     try:
         health = await client.health()

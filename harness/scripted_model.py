@@ -8,11 +8,18 @@ client path as a hosted model. Scripts are chosen by name at start:
 - `queue`: replies taken in order from a JSON list, cycling.
 - `fail` / `fail_429`: always HTTP 500 / 429 (with `Retry-After: 0`).
 
+Policy: rule lines `- If the message mentions "WORD", answer: LABEL` in the system prompt
+are tried in order against the last user message minus its label list (case-insensitive
+substring); otherwise the first label of the label list (`Available intents:` /
+`Intent labels:` followed by lines, or `Labels: a, b`), else `unknown`.
+
 Proposer request format (what the optimizer sends; the constants below are the contract):
 the system message starts with `PROPOSER_MARKER`; the user message holds the current
 instruction between `CURRENT_OPEN` and `CURRENT_CLOSE` lines and examples rendered by
-`format_example`. Feedback carries the expected label as "expected intent `LABEL`" or
-"Expected: LABEL". The reply is the new instruction inside a ``` fenced block.
+`format_example` (an optional `Reward: x` line; x >= 1 means the example passed). Feedback
+carries the expected label as "expected intent `LABEL`" or "Expected: LABEL". An input may
+be a JSON row; its label-like fields are ignored. The reply is the current instruction plus
+one new rule line inside a ``` fenced block (unchanged if no failing example lacks a rule).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -42,21 +49,24 @@ RULE_TEMPLATE = '- If the message mentions "{word}", answer: {label}'
 DEFAULT_SCRIPT = "rules"
 
 _RULE_RE = re.compile(r'^\s*-\s*If the message mentions "(?P<word>[^"]+)",\s*answer:\s*(?P<label>.+?)\s*$', re.I | re.M)
-_EXPECTED_RES = (re.compile(r"expected intent\s*`([^`]+)`", re.I), re.compile(r"Expected:\s*`?([^\s`]+)`?", re.I))
+_EXPECTED_RES = (re.compile(r"expected(?: intent)?\s*`([^`]+)`", re.I), re.compile(r"Expected:\s*`?([^\s`]+)`?", re.I))
 _EXAMPLE_SPLIT_RE = re.compile(r"^### Example\s+\d+\s*$", re.M)
-_SECTION_RE = re.compile(r"^(Input|Output|Feedback):[ \t]*\n?", re.M)
+_SECTION_RE = re.compile(r"^(Input|Output|Reward|Feedback):[ \t]*\n?", re.M)
+_ANSWER_KEYS = frozenset({"label", "answer", "expected", "target", "output"})
 _WORD_RE = re.compile(r"[A-Za-z]+")
 _STOPWORDS = frozenset(
     "about above after again against because before being below between could doing during "
     "further having hello other ought please should their there these thing things those "
     "through under until where which while would yours yourself thanks thank might really "
-    "every today tomorrow still since message answer".split()
+    "every today tomorrow still since message answer customer intent intents label labels".split()
 )
 
 
-def format_example(k: int, input_text: str, output_text: str, feedback: str) -> str:
+def format_example(k: int, input_text: str, output_text: str, feedback: str, reward: float | None = None) -> str:
     """One example block in the format the `rules` proposer parses."""
-    return f"{EXAMPLE_HEADER.format(k=k)}\nInput:\n{input_text}\nOutput:\n{output_text}\nFeedback:\n{feedback}\n"
+    reward_line = f"Reward: {reward:g}\n" if reward is not None else ""
+    return (f"{EXAMPLE_HEADER.format(k=k)}\nInput:\n{input_text}\nOutput:\n{output_text}\n{reward_line}"
+            f"Feedback:\n{feedback}\n")
 
 
 def _count_tokens(text: str) -> int:
@@ -96,34 +106,39 @@ def rules_in(text: str) -> list[tuple[str, str]]:
     return [(m["word"], m["label"]) for m in _RULE_RE.finditer(text)]
 
 
-_LABEL_HEADS = ("available intents:", "labels:")
+# "intent labels:" is the banking77 container's header (labels before the message)
+_LABEL_HEADS = ("available intents:", "intent labels:", "labels:")
+
+
+def _label_block(lines: list[str]) -> tuple[int, int, list[str]] | None:
+    """(first, end) line span and labels of the first label list: a header line with the
+    labels after it on the same line (comma-separated) or on the following lines until a blank."""
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        head = next((h for h in _LABEL_HEADS if stripped.lower().startswith(h)), None)
+        if head is None:
+            continue
+        rest = stripped[len(head):].strip()
+        if rest:
+            return i, i + 1, [x.strip().strip("`'\"") for x in rest.split(",") if x.strip()]
+        end = i + 1
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        return i, end, [ln.strip().lstrip("-*• ").strip().strip("`'\"") for ln in lines[i + 1:end]]
+    return None
 
 
 def _without_label_list(text: str) -> str:
-    """The message up to its label list, so rule words do not match the label names."""
-    kept = []
-    for line in text.splitlines():
-        if line.strip().lower().startswith(_LABEL_HEADS):
-            break
-        kept.append(line)
-    return "\n".join(kept)
+    """The message without its label list, so rule words do not match label names."""
+    lines = text.splitlines()
+    block = _label_block(lines)
+    return "\n".join(lines[: block[0]] + lines[block[1]:]) if block else text
 
 
 def first_label(text: str) -> str | None:
-    """First label after an `Available intents:` line, or in a `Labels: a, b` line."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        for head in _LABEL_HEADS:
-            if not stripped.lower().startswith(head):
-                continue
-            rest = stripped[len(head):].strip()
-            if not rest and head == "available intents:":  # list on the following lines
-                rest = next((nxt.strip() for nxt in lines[i + 1:] if nxt.strip()), "")
-            label = rest.lstrip("-*• ").split(",")[0].strip().strip("`'\"")
-            if label:
-                return label
-    return None
+    """First label of an `Available intents:` (or `Intent labels:`) list, or of a `Labels: a, b` line."""
+    block = _label_block(text.splitlines())
+    return next((label for label in block[2] if label), None) if block else None
 
 
 class RulesScript(Script):
@@ -153,11 +168,9 @@ class RulesScript(Script):
         for block in _EXAMPLE_SPLIT_RE.split(text)[1:]:
             sections = _sections(block)
             expected = _expected_label(sections.get("feedback", ""))
-            if expected is None or expected.lower() in ruled_labels:
+            if expected is None or expected.lower() in ruled_labels or _passed(sections, expected):
                 continue
-            if sections.get("output", "").strip().strip("`").lower() == expected.lower():
-                continue  # this example already passes
-            word = _distinctive_word(sections.get("input", ""), ruled_words)
+            word = _distinctive_word(_input_text(sections.get("input", ""), expected), ruled_words)
             if word is None:
                 continue
             rule = RULE_TEMPLATE.format(word=word, label=expected)
@@ -169,6 +182,26 @@ def _sections(block: str) -> dict[str, str]:
     parts = _SECTION_RE.split(block)
     # split yields [preamble, name1, body1, name2, body2, ...]
     return {parts[i].lower(): parts[i + 1].strip("\n") for i in range(1, len(parts) - 1, 2)}
+
+
+def _passed(sections: dict[str, str], expected: str) -> bool:
+    reward = sections.get("reward", "").strip()
+    try:
+        return float(reward) >= 1.0
+    except ValueError:
+        return sections.get("output", "").strip().strip("`").lower() == expected.lower()
+
+
+def _input_text(text: str, expected: str) -> str:
+    """The input's own words: for a JSON row, its string values minus the label field."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(row, dict):
+        return text
+    return " ".join(v for k, v in row.items()
+                    if isinstance(v, str) and k not in _ANSWER_KEYS and v.lower() != expected.lower())
 
 
 def _expected_label(feedback: str) -> str | None:
@@ -287,13 +320,37 @@ def load_replies(path: str | Path | None) -> list[str] | None:
     return data
 
 
-class ScriptedModelServer:
+class _Running:
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/stats"
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ScriptedModelServer(_Running):
     """Runs the scripted model as a child process on a free loopback port."""
 
     def __init__(self, script: str = DEFAULT_SCRIPT, replies: list[str] | None = None, *,
                  log_dir: Path | None = None, startup_timeout_s: float = 30.0):
-        if script not in SCRIPTS:
-            raise ValueError(f"unknown script {script!r}; known: {', '.join(sorted(SCRIPTS))}")
+        make_script(script, replies)  # fail here, not in the child, on a bad name or missing replies
         self.script = script
         self.replies = replies
         self.port = free_port()
@@ -313,14 +370,6 @@ class ScriptedModelServer:
             startup_timeout_s=startup_timeout_s,
         )
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def stats_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/stats"
-
     def start(self) -> None:
         self._proc.start()
 
@@ -328,15 +377,8 @@ class ScriptedModelServer:
         self._proc.stop()
         self._tmp.cleanup()
 
-    def __enter__(self) -> "ScriptedModelServer":
-        self.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class ScriptedModelThread:
+class ScriptedModelThread(_Running):
     """The same server inside this process (a uvicorn thread): faster for unit tests."""
 
     def __init__(self, script: str = DEFAULT_SCRIPT, replies: list[str] | None = None):
@@ -346,17 +388,9 @@ class ScriptedModelThread:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="scripted-model", daemon=True)
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def stats_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/stats"
-
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self) -> None:
         self._thread.start()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + 10.0
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError(f"scripted model thread did not start on port {self.port}")
@@ -366,13 +400,6 @@ class ScriptedModelThread:
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
-
-    def __enter__(self) -> "ScriptedModelThread":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ class Endpoints(BaseModel):
 
 class LocalServerOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    slots: int = 2
+    slots: int = 1
     ctx_per_slot: int = 4096
     threads: int | None = None
     chat_template: str | None = None
@@ -88,6 +88,9 @@ class Services:
         return server, server.base_url
 
     def endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
+        if container.command and policy.api_key_env and not container.policy_key_env:
+            # a container we start calls the policy itself: hand it the name of the policy's key variable
+            container = container.model_copy(update={"policy_key_env": policy.api_key_env})
         return Endpoints(container_url=self.container_url(container), policy_url=self.model_url(policy),
                          proposer_url=self.model_url(proposer))
 

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +28,128 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"dataset folder {path} not found (set HARNESS_DATA_DIR)")
     return path
+
+
+# ---------------------------------------------------------------- shared servers and specs
+# Real processes and real loopback servers: the banking77 / heart_disease containers as
+# child processes (harness.services.Services), the scripted model in a uvicorn thread,
+# and `ServerThread` for any small FastAPI fake a test builds.
+
+REPO = Path(__file__).resolve().parents[1]
+CONTAINER_MODULES = {"banking77": "stage2_system", "heart_disease": "system"}
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn in a daemon thread on a free loopback port."""
+
+    def __init__(self, app: Any):
+        import uvicorn
+
+        from harness.processes import free_port
+
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"server-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + 10.0
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"server thread did not start on port {self.port}")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5.0)
+
+
+def container_spec(name: str, data_dir: Path, **fields: Any):
+    """The spec of a reference container started as a child process (as configs/container/*.yaml)."""
+    from harness.specs import ContainerSpec
+
+    return ContainerSpec(name=name, command=["python", "-m", f"benchmarks.containers.{name}"],
+                         data_dir=str(data_dir), target_modules=[CONTAINER_MODULES[name]], **fields)
+
+
+def scripted_spec(script: str = "rules", max_tokens: int = 24):
+    from harness.specs import ModelSpec
+
+    return ModelSpec(provider="scripted", model=f"scripted-{script}", source=script, max_tokens=max_tokens)
+
+
+def make_run_spec(container: Any, evidence_root: Path | str, *, train: list[str], pareto: list[str],
+                  heldout: list[str], max_rollouts: int, seed: int = 0, params: dict[str, Any] | None = None,
+                  proposer_script: str = "rules", algorithm: str = "gepa", **budget: Any):
+    """A RunSpec for a scripted policy and proposer; `budget` adds max_wall_s etc."""
+    from harness.specs import AlgorithmSpec, BudgetSpec, Pools, RunSpec
+
+    return RunSpec(
+        container=container, policy=scripted_spec("rules"), proposer=scripted_spec(proposer_script, 4000),
+        algorithm=AlgorithmSpec(name=algorithm, params=params or {}),
+        pools=Pools(train=tuple(train), pareto=tuple(pareto), heldout=tuple(heldout)),
+        budget=BudgetSpec(max_rollouts=max_rollouts, **budget), seed=seed, concurrency=4,
+        evidence_root=str(evidence_root),
+    )
+
+
+def execute(spec: Any, container_url: str, policy_url: str, proposer_url: str | None = None):
+    """harness.run.execute_run on the given endpoints (proposer defaults to the policy server)."""
+    from harness.run import execute_run
+    from harness.services import Endpoints
+
+    endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
+    return asyncio.run(execute_run(spec, endpoints))
+
+
+def read_evidence(run_dir: str | Path) -> dict[str, Any]:
+    """manifest.json and the four tables (polars) of a finished run."""
+    import polars as pl
+
+    run_dir = Path(run_dir)
+    out: dict[str, Any] = {"manifest": json.loads((run_dir / "manifest.json").read_text())}
+    for name in ("rollouts", "candidates", "proposals", "events"):
+        out[name] = pl.read_parquet(run_dir / f"{name}.parquet")
+    return out
+
+
+def run_cli(*overrides: str, env: dict[str, str] | None = None, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    """`python -m harness ...` from the repository root; stdout and stderr merged, 80 columns."""
+    full_env = {**os.environ, "COLUMNS": "80", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *overrides], cwd=REPO, env=full_env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Containers started once per test session (child processes, stopped at the end)."""
+    from harness.services import Services
+
+    with Services(tmp_path_factory.mktemp("service-logs")) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def banking77_url(services: Any, data_dir: Path) -> str:
+    return services.container_url(container_spec("banking77", data_dir))
+
+
+@pytest.fixture(scope="session")
+def heart_disease_url(services: Any, data_dir: Path) -> str:
+    return services.container_url(container_spec("heart_disease", data_dir))
+
+
+@pytest.fixture(scope="session")
+def scripted_policy() -> Iterator[Any]:
+    """The scripted model (`rules`) in a thread: the policy (and default proposer) of test runs."""
+    from harness.scripted_model import ScriptedModelThread
+
+    with ScriptedModelThread("rules") as server:
+        yield server

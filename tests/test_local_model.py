@@ -173,3 +173,11 @@ def test_real_llama_server_completes_with_small_model() -> None:
     assert result.text.strip()
     assert result.prompt_tokens > 0 and result.completion_tokens > 0
     assert not server.alive()
+
+
+def test_chat_template_file_or_name(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    for value, flag in ((str(template), "--chat-template-file"), ("{% for m in messages %}\n{% endfor %}", "--chat-template")):
+        cmd = LocalModelServer(LocalServerSettings(model="x.gguf", chat_template=value)).command(Path("/x"), Path("/y"))
+        assert cmd[cmd.index(flag) + 1] in (str(template), value)

@@ -130,3 +130,33 @@ def test_registry_and_bad_arguments() -> None:
         ScriptedModelServer("nope")
     with pytest.raises(ValueError, match="replies"):
         ScriptedModelThread("queue")
+
+
+def test_policy_with_labels_before_the_message(rules_server: ScriptedModelServer) -> None:
+    # the banking77 container's layout: label list first, then the customer message
+    user = ("Intent labels:\ncard_arrival\nrefund_not_showing_up\n\nCustomer message:\n{q}\n\n"
+            "Answer with the intent label only.")
+    system = 'Classify.\n- If the message mentions "refund", answer: refund_not_showing_up'
+    assert chat(rules_server.base_url, system, user.format(q="Where is my refund?")).text == "refund_not_showing_up"
+    assert chat(rules_server.base_url, system, user.format(q="Has my card shipped?")).text == "card_arrival"
+
+
+def test_proposer_understands_the_optimizers_prompt(rules_server: ScriptedModelServer) -> None:
+    # the real GEPA proposer prompt (JSON rows with the label, Reward lines) and reply parsing
+    from algorithms.gepa.proposer import apply_reply, build_messages
+    from harness.candidates import RolloutResult
+
+    seed = "You are a banking intent classifier. Reply with the label only."
+    examples = [
+        RolloutResult(candidate_id="c0", task_id="t1", reward=1.0, status="ok", output="card_arrival",
+                      feedback="Correct: `card_arrival`.", task={"text": "my card has not come", "label": "card_arrival"}),
+        RolloutResult(candidate_id="c0", task_id="t2", reward=0.0, status="ok", output="card_arrival",
+                      feedback="Wrong: expected intent `exchange_rate`, the answer was `card_arrival`.",
+                      task={"text": "What exchange rate do you use?", "label": "exchange_rate"}),
+    ]
+    for edit_format in ("rules", "rewrite"):
+        messages = build_messages(seed, examples, edit_format, {"description": "banking77"})
+        result = chat(rules_server.base_url, messages[0].content, messages[1].content)
+        proposal = apply_reply(seed, result.text, edit_format)
+        assert proposal.status == "changed"
+        assert rules_in(proposal.text) == [("exchange", "exchange_rate")]

@@ -15,6 +15,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httpx
@@ -41,6 +42,19 @@ from harness.llm import ChatClient, ChatMessage
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RolloutEnv:
+    """What a custom rollout may use: the app's pooled HTTP client and the env var naming
+    the policy model's key (read from this process's environment only)."""
+
+    http: httpx.AsyncClient
+    policy_key_env: str | None = None
+
+    def policy_client(self, req: RolloutRequest) -> ChatClient:
+        return ChatClient(policy_endpoint(req.policy.endpoint), req.policy.model,
+                          api_key_env=self.policy_key_env, client=self.http)
 
 
 class TaskContainer(ABC):
@@ -76,6 +90,24 @@ class TaskContainer(ABC):
 
     def task_info(self) -> dict[str, Any]:
         return {}
+
+    # ---- optional hooks (defaults keep the single-call behaviour) ----
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Extra CLI options of this container (e.g. a grader endpoint)."""
+
+    def configure(self, args: argparse.Namespace) -> None:
+        """Read the options added by `add_arguments`; called once before the data loads."""
+
+    def objectives(self, row: Row, output_text: str) -> dict[str, float] | None:
+        """Named scores besides the reward (`objective_scores`) for the single-call path."""
+        return None
+
+    async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse | None:
+        """A rollout that is more than one policy call (a grader, a user simulator, tools).
+        None (the default) runs the single call: render -> policy -> score."""
+        return None
 
     def splits(self) -> dict[str, list[Row]]:
         if self._splits is None:
@@ -132,6 +164,21 @@ def policy_endpoint(url: str) -> str:
     url = url.rstrip("/")
     suffix = "/chat/completions"
     return url[: -len(suffix)] if url.endswith(suffix) else url
+
+
+def request_seed(req: RolloutRequest) -> int | None:
+    seed = req.metadata.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def failed_response(req: RolloutRequest, exc: HarnessError, trace: dict[str, Any],
+                    usage: Usage | None = None) -> RolloutResponse:
+    """A zero-reward row with the error, so the harness records and counts the failure."""
+    kind = exc.kind.value if isinstance(exc, ServiceError) else "fatal"
+    return RolloutResponse(
+        rollout_id=req.rollout_id, status="error", error=str(exc), error_kind=kind,
+        reward_info=RewardInfo(outcome_reward=0.0), usage=usage or Usage(), trace=trace,
+    )
 
 
 def build_app(
@@ -228,31 +275,29 @@ def build_app(
         if missing:
             raise HTTPException(422, f"candidate lacks field(s) {missing}")
         row = row_for(req)
+        env = RolloutEnv(http=request.app.state.http, policy_key_env=policy_key_env)
+        try:
+            custom = await container.rollout(req, row, env)
+        except HarnessError as exc:
+            return failed_response(req, exc, {"model": req.policy.model}).model_dump(mode="json")
+        if custom is not None:
+            return custom.model_dump(mode="json")
         messages = container.render(req.candidate, row)
         trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model}
-        client = ChatClient(
-            policy_endpoint(req.policy.endpoint), req.policy.model,
-            api_key_env=policy_key_env, client=request.app.state.http,
-        )
-        seed = req.metadata.get("seed")
+        client = env.policy_client(req)
         try:
             result = await client.complete(
                 messages, temperature=req.policy.temperature, max_tokens=req.policy.max_tokens,
-                seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+                seed=request_seed(req),
             )
         except HarnessError as exc:
-            # A zero-reward row with the error lets the harness record and count the failure.
-            kind = exc.kind.value if isinstance(exc, ServiceError) else "fatal"
-            failed = RolloutResponse(
-                rollout_id=req.rollout_id, status="error", error=str(exc), error_kind=kind,
-                reward_info=RewardInfo(outcome_reward=0.0), usage=Usage(), trace=trace,
-            )
-            return failed.model_dump(mode="json")
+            return failed_response(req, exc, trace).model_dump(mode="json")
         reward, feedback = container.score(row, result.text)
         trace.update(output=result.text, finish_reason=result.finish_reason, latency_s=round(result.latency_s, 4))
         done = RolloutResponse(
             rollout_id=req.rollout_id, status="ok",
             reward_info=RewardInfo(outcome_reward=float(reward)),
+            objective_scores=container.objectives(row, result.text),
             usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, cost_usd=None),
             trace=trace, actionable_side_info=SideInfo(feedback=feedback),
         )
@@ -270,8 +315,12 @@ def serve(container_factory: Callable[[str | None], TaskContainer], argv: list[s
                         help="folder holding <dataset>/<file> (default $HARNESS_DATA_DIR); else download")
     parser.add_argument("--api-key-env", default=None, help="env var holding the key clients must send")
     parser.add_argument("--policy-key-env", default=None, help="env var holding the policy model's API key")
+    add_arguments = getattr(container_factory, "add_arguments", None)
+    if callable(add_arguments):
+        add_arguments(parser)
     args = parser.parse_args(argv)
     container = container_factory(args.data_dir)
+    container.configure(args)
     try:
         container.splits()  # load (or download) the data before we report healthy
     except HarnessError as exc:

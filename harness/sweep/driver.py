@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from harness.config import HarnessConfig
+from harness.errors import HarnessError
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
 from harness.specs import RunSpec
@@ -86,20 +87,65 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         _print_table(console, rows, store.dir)
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address=base.ray.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             ignore_reinit_error=True)
+    ray.init(address=_ray_address(base.ray.address), include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR", ignore_reinit_error=True)
     try:
         with Services(log_dir, base.local_server) as services:
             console.print("starting shared containers and model servers ...", highlight=False)
-            endpoints = {r.spec.run_id: services.endpoints(r.spec.container, r.spec.policy, r.spec.proposer) for r in todo}
-            limits = _limits(base, endpoints.values())
-            limiter = EndpointLimiter.remote(limits)
-            board = SweepBoard.remote()
-            _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker)
+            endpoints = _start_services(services, todo, rows)
+            if len(endpoints) < len(todo):  # a service that cannot start fails its runs, not the sweep
+                store.write_index(list(rows.values()))
+                todo = [r for r in todo if r.spec.run_id in endpoints]
+            if todo:
+                limits = _limits(base, endpoints.values())
+                limiter = EndpointLimiter.remote(limits)
+                board = SweepBoard.remote()
+                _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker)
     finally:
         ray.shutdown()
     _print_table(console, rows, store.dir)
+    _write_summary(store.dir, console)
     return 0 if all(r["status"] in ("done", "skipped") for r in rows.values()) else 1
+
+
+def _write_summary(sweep_dir: str, console: Console) -> None:
+    """Every sweep ends with its summary; a report problem is reported, not fatal."""
+    from benchmarks.report import ReportError, write_report
+
+    try:
+        paths = write_report(sweep_dir)
+    except ReportError as exc:
+        console.print(f"report not written: {exc}", style="yellow", highlight=False)
+        return
+    console.print(f"summary: {paths.report_dir}/summary.md (regenerate: python -m benchmarks.report {sweep_dir})",
+                  highlight=False)
+
+
+def _ray_address(address: str | None) -> str | None:
+    """`ray.address: null` starts a local Ray for this sweep. Left to Ray, None would join
+    whatever cluster `ray start` last recorded on this machine; RAY_ADDRESS still wins."""
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        return "local"
+    return address
+
+
+def _start_services(services: Services, todo: list[PlannedRun], rows: dict[str, dict[str, Any]]) -> dict[str, Endpoints]:
+    """Endpoints of every run whose services start; a run whose container or model cannot
+    start is recorded failed with the cause (each broken combination is tried once)."""
+    broken: dict[tuple[str, ...], str] = {}
+    endpoints: dict[str, Endpoints] = {}
+    for run in todo:
+        spec = run.spec
+        key = tuple(s.model_dump_json() for s in (spec.container, spec.policy, spec.proposer))
+        if key not in broken:
+            try:
+                endpoints[spec.run_id] = services.endpoints(spec.container, spec.policy, spec.proposer)
+                continue
+            except Exception as exc:  # noqa: BLE001 - recorded in the index, the sweep goes on
+                broken[key] = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
+        outcome = RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="", error=broken[key])
+        rows[spec.run_id] = _index_row(spec, "failed", outcome, 0)
+    return endpoints
 
 
 def _limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
@@ -115,7 +161,7 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
               base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
               console: Console, worker_cls: Any) -> None:
     import ray
-    from ray.exceptions import RayActorError, WorkerCrashedError
+    from ray.exceptions import RayActorError, RayError, WorkerCrashedError
 
     queue = list(todo)
     attempts: dict[str, int] = {}
@@ -124,11 +170,14 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
     width = min(base.ray.max_runs_in_flight, len(todo))
     started = time.monotonic()
 
+    def holder(run_id: str) -> str:
+        return f"{run_id}#{attempts[run_id]}"
+
     def submit(run: PlannedRun) -> None:
         actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
         ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
-                               board, str(log_dir), run.max_error_rate)
+                               board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id))
         in_flight[ref] = (run, actor)
         rows[run.spec.run_id]["status"] = "running"
 
@@ -144,14 +193,27 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
                     outcome = RunOutcome.model_validate_json(ray.get(ref))
                     idle.append(actor)
                 except (RayActorError, WorkerCrashedError) as exc:
+                    # the worker died holding endpoint slots: give them back, or the limits shrink for good
+                    limiter.release_holder.remote(holder(run_id))
                     if attempts[run_id] < 2:  # the worker died: retry once on a fresh actor
                         queue.insert(0, run)
                         continue
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="",
                                          error=f"worker died twice: {type(exc).__name__}")
+                except RayError as exc:  # the run raised past the worker's own handler: that run fails
+                    limiter.release_holder.remote(holder(run_id))
+                    outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
                 rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
                 store.write_index(list(rows.values()))
             live.update(_status_line(rows, ray.get(board.snapshot.remote()), started))
+
+
+def _ray_error(exc: Exception) -> str:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
 def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started: float) -> str:

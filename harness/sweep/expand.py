@@ -53,6 +53,12 @@ class SweepSpec(BaseModel):
             values = getattr(self, axis)
             if values is not None and not values:
                 raise ValueError(f"axis {axis!r} is empty")
+        for rule in self.exclude:
+            # a rule naming anything but an override key (e.g. the axis name `containers`) would
+            # never match and silently exclude nothing
+            unknown = sorted(set(rule) - set(AXES.values()))
+            if unknown or not rule:
+                raise ValueError(f"exclude rule {rule} must map override keys {sorted(AXES.values())} to values")
         return self
 
 

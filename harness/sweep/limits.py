@@ -1,13 +1,22 @@
 """Limits shared by every run of a sweep: one Ray actor holds a semaphore per endpoint
-(container or model URL), so fifty parallel runs do not flood one endpoint."""
+(container or model URL), so fifty parallel runs do not flood one endpoint.
+
+Slots are held on behalf of a holder (one attempt of one run). When a worker process
+dies it cannot give its slots back, so the driver calls `release_holder` for it; without
+that, every death would shrink the limit for the rest of the sweep until runs wait forever."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 import ray
+
+
+class HolderReleased(RuntimeError):
+    """The limiter gave this holder's slots back already (the driver took it for dead)."""
 
 
 @ray.remote(num_cpus=0)
@@ -15,34 +24,69 @@ class EndpointLimiter:
     def __init__(self, limits: dict[str, int]):
         self._limits = dict(limits)
         self._semaphores: dict[str, asyncio.Semaphore] = {}
+        self._held: dict[str, dict[str, int]] = {}  # holder -> key -> slots held
+        self._released: set[str] = set()  # holders whose slots were given back for good
 
     def _semaphore(self, key: str) -> asyncio.Semaphore:
         if key not in self._semaphores:
             self._semaphores[key] = asyncio.Semaphore(self._limits.get(key, 1_000_000))
         return self._semaphores[key]
 
-    async def acquire(self, key: str) -> None:
+    async def acquire(self, key: str, holder: str = "") -> bool:
+        """Wait for a slot of `key`. False if the holder was released meanwhile (no slot taken)."""
         await self._semaphore(key).acquire()
+        if holder in self._released:  # its worker died while this call waited
+            self._semaphore(key).release()
+            return False
+        held = self._held.setdefault(holder, {})
+        held[key] = held.get(key, 0) + 1
+        return True
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, holder: str = "") -> None:
+        held = self._held.get(holder, {})
+        if held.get(key, 0) <= 0:
+            return  # not held (already given back by release_holder): never raise the limit
+        held[key] -= 1
+        if not held[key]:
+            del held[key]
         self._semaphore(key).release()
 
+    async def release_holder(self, holder: str) -> int:
+        """Give back every slot `holder` still holds, and any it would get later; returns how many."""
+        self._released.add(holder)
+        held = self._held.pop(holder, {})
+        for key, count in held.items():
+            for _ in range(count):
+                self._semaphore(key).release()
+        return sum(held.values())
 
-def shared_gate(limiter: Any, *keys: str) -> Callable[[], Any]:
+    def in_use(self) -> dict[str, int]:
+        """Slots held per key, across holders."""
+        totals: dict[str, int] = {}
+        for held in self._held.values():
+            for key, count in held.items():
+                totals[key] = totals.get(key, 0) + count
+        return totals
+
+
+def shared_gate(limiter: Any, *keys: str, holder: str | None = None) -> Callable[[], Any]:
     """A gate for ContainerClient/ChatClient that holds one slot of each key (always in
-    the same order, so two gates never wait on each other)."""
+    the same order, so two gates never wait on each other). `holder` names whose slots
+    these are (see `EndpointLimiter.release_holder`); by default one name per gate."""
     ordered = sorted(set(keys))
+    name = holder if holder is not None else uuid.uuid4().hex
 
     @asynccontextmanager
     async def gate() -> AsyncIterator[None]:
         taken: list[str] = []
         try:
             for key in ordered:
-                await limiter.acquire.remote(key)
+                if not await limiter.acquire.remote(key, name):
+                    raise HolderReleased(f"endpoint limiter released holder {name!r}")
                 taken.append(key)
             yield
         finally:
             for key in reversed(taken):
-                await limiter.release.remote(key)
+                await limiter.release.remote(key, name)
 
     return gate

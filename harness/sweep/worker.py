@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def _run_logger(log_path: Path) -> logging.Logger:
 @ray.remote
 class RunWorker:
     def run(self, spec_json: str, endpoints_json: str, limiter: Any, board: Any, log_dir: str,
-            max_error_rate: float) -> str:
+            max_error_rate: float, holder: str | None = None) -> str:
         spec = RunSpec.model_validate_json(spec_json)
         endpoints = Endpoints.model_validate_json(endpoints_json)
         logger = _run_logger(Path(log_dir) / f"{spec.run_id}.log")
@@ -73,8 +74,10 @@ class RunWorker:
                             progress.budget, progress.best_score, progress.tokens)
 
         board.started.remote(spec.run_id)
-        rollout_gate = shared_gate(limiter, endpoints.container_url, endpoints.policy_url)
-        proposer_gate = shared_gate(limiter, endpoints.proposer_url)
+        # one holder name for this attempt: the driver frees its slots if this process dies
+        holder = holder or f"{spec.run_id}-{uuid.uuid4().hex[:8]}"
+        rollout_gate = shared_gate(limiter, endpoints.container_url, endpoints.policy_url, holder=holder)
+        proposer_gate = shared_gate(limiter, endpoints.proposer_url, holder=holder)
         try:
             outcome = asyncio.run(execute_run(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
                                               rollout_gate=rollout_gate, proposer_gate=proposer_gate))
@@ -83,5 +86,11 @@ class RunWorker:
             outcome = RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="", error=f"{type(exc).__name__}: {exc}")
         finally:
             board.finished.remote(spec.run_id)
+            # a gate cancelled while it waited (asyncio.run cancels what is left) may still
+            # get its slot in the limiter afterwards: give back whatever this attempt holds
+            try:
+                ray.get(limiter.release_holder.remote(holder))
+            except ray.exceptions.RayError:
+                logger.warning("run %s: could not release its endpoint slots", spec.run_id)
         logger.info("run %s %s: %s", spec.run_id, outcome.status, outcome.error or outcome.stop_reason)
         return outcome.model_dump_json()

@@ -1,0 +1,180 @@
+"""Evidence in, report files out: list a sweep's expected runs (sweep.json's grid) joined to
+the runs that finished, refuse evidence of another schema version, scan the Parquet tables
+lazily, and write outputs deterministically (sorted rows, no timestamps, atomic renames)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.evidence.schema import CANDIDATES, ROLLOUTS, SCHEMA_METADATA_KEY, SCHEMA_VERSION
+from harness.evidence.writer import MANIFEST
+
+SWEEP_JSON = "sweep.json"
+# grid axes with a fixed role in the report; every other axis splits cells
+ROLE_AXES = ("container", "algorithm", "seed")
+ROLLOUT_COLUMNS = ("run_id", "candidate_id", "task_id", "stage", "reward")
+CANDIDATE_COLUMNS = ("run_id", "candidate_id", "index", "rollouts_at_creation", "cost_usd_at_creation",
+                     "elapsed_s_at_creation")
+RUNS_SCHEMA: dict[str, Any] = {
+    "run_id": pl.String, "task": pl.String, "stack": pl.String, "seed": pl.Int64, "status": pl.String,
+    "seed_candidate_id": pl.String, "policy_model": pl.String, "proposer_model": pl.String,
+}
+FLOAT_DIGITS = 9
+
+
+class ReportError(Exception):
+    """A problem with the evidence, stated in one line."""
+
+
+class SchemaVersionError(ReportError):
+    pass
+
+
+def _check_version(found: object, where: str) -> None:
+    if found != SCHEMA_VERSION:
+        raise SchemaVersionError(f"{where}: evidence schema version {found!r}, but this report reads version "
+                                 f"{SCHEMA_VERSION!r}; regenerate the evidence or use a matching harness")
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: unreadable manifest: {exc}") from exc
+    _check_version(manifest.get("schema_version"), str(path))
+    return manifest
+
+
+def check_parquet_version(path: Path) -> None:
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ReportError(f"{path}: unreadable Parquet file: {exc}") from exc
+    raw = metadata.get(SCHEMA_METADATA_KEY)
+    _check_version(raw.decode() if raw is not None else None, str(path))
+
+
+def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
+    """The runs the sweep meant to produce. Without sweep.json (a single run's directory)
+    every run directory with a manifest is expected, with the axes it recorded."""
+    sweep_file = sweep_dir / SWEEP_JSON
+    if sweep_file.is_file():
+        grid = json.loads(sweep_file.read_text()).get("grid") or []
+        points = [{k: str(v) for k, v in point.items() if v is not None} for point in grid]
+    else:
+        points = []
+        for run_dir in sorted(p for p in sweep_dir.iterdir() if (p / MANIFEST).is_file()):
+            manifest = read_manifest(run_dir) or {}
+            points.append({"run_id": run_dir.name, **{k: str(v) for k, v in (manifest.get("axes") or {}).items()}})
+    unique = {p["run_id"]: p for p in points if "run_id" in p}
+    return [unique[run_id] for run_id in sorted(unique)]
+
+
+def _only(values: set[str]) -> str:
+    return next(iter(values)) if len(values) == 1 else "unknown"
+
+
+def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
+              task_thresholds: Mapping[str, float] | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """One row per expected run (finished or not) and the sweep's extra axes.
+
+    Axis values come from the grid, so a missing run still lands in its cell; task and stack
+    fall back to the manifest's spec, then to the sweep's only value."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise ReportError(f"{root}: no such sweep directory")
+    grid = expected_grid(root)
+    axes = sorted({k for point in grid for k in point if k not in ("run_id", *ROLE_AXES)})
+    rows = []
+    for point in grid:
+        manifest = read_manifest(root / point["run_id"]) or {}
+        spec = manifest.get("spec") or {}
+        seed = point.get("seed", spec.get("seed"))
+        rows.append({
+            "run_id": point["run_id"],
+            "task": point.get("container") or (spec.get("container") or {}).get("name"),
+            "stack": point.get("algorithm") or (spec.get("algorithm") or {}).get("name"),
+            "seed": int(seed) if seed is not None else None,
+            "status": manifest.get("status", "missing"),
+            "seed_candidate_id": manifest.get("seed_candidate_id"),
+            "policy_model": (spec.get("policy") or {}).get("model"),
+            "proposer_model": (spec.get("proposer") or {}).get("model"),
+            **{axis: point.get(axis, "-") for axis in axes},
+        })
+    runs = pl.DataFrame(rows, schema={**RUNS_SCHEMA, **{axis: pl.String for axis in axes}})
+    tasks, stacks = set(runs["task"].drop_nulls()), set(runs["stack"].drop_nulls())
+    mapping = dict(task_thresholds or {})
+    unknown = sorted(set(mapping) - tasks)
+    if unknown:
+        raise ReportError(f"threshold given for unknown task(s) {', '.join(unknown)}; tasks are "
+                          f"{', '.join(sorted(tasks)) or 'none'}")
+    runs = runs.with_columns(
+        pl.col("task").fill_null(_only(tasks)), pl.col("stack").fill_null(_only(stacks)),
+    ).with_columns(
+        done=pl.col("status") == "done",
+        threshold=pl.col("task").replace_strict(mapping, default=threshold, return_dtype=pl.Float64),
+    )
+    return runs.sort("task", "stack", *axes, "seed", "run_id"), axes
+
+
+def _empty(schema: pa.Schema, columns: tuple[str, ...]) -> pl.LazyFrame:
+    return pl.from_arrow(schema.empty_table()).lazy().select(columns)  # type: ignore[union-attr]
+
+
+def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """Lazy scans of the finished runs' rollouts and candidates, after checking every file's
+    schema version (footers only)."""
+    root = Path(sweep_dir)
+    scans = []
+    for table, schema, columns in (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS),
+                                   ("candidates", CANDIDATES, CANDIDATE_COLUMNS)):
+        paths = [root / run_id / f"{table}.parquet" for run_id in sorted(run_ids)]
+        for path in paths:
+            if not path.is_file():
+                raise ReportError(f"{path}: missing from a finished run")
+            check_parquet_version(path)
+        scans.append(pl.scan_parquet([str(p) for p in paths]).select(columns) if paths else _empty(schema, columns))
+    return scans[0], scans[1]
+
+
+def rounded(frame: pl.DataFrame) -> pl.DataFrame:
+    """Round floats so that summation order (thread scheduling) cannot change output bytes."""
+    return frame.with_columns(pl.col(pl.Float64).round(FLOAT_DIGITS))
+
+
+def _atomic(path: Path, write: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    write(temp)
+    os.replace(temp, path)
+    return path
+
+
+def write_parquet(frame: pl.DataFrame, path: Path) -> Path:
+    return _atomic(path, lambda p: frame.write_parquet(p, compression="zstd", statistics=True))
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write_json(frame: pl.DataFrame, path: Path, **extra: Any) -> Path:
+    rows = [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
+    body = json.dumps({**extra, "rows": rows}, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return _atomic(path, lambda p: p.write_text(body))
+
+
+def write_text(text: str, path: Path) -> Path:
+    return _atomic(path, lambda p: p.write_text(text))

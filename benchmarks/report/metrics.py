@@ -1,0 +1,239 @@
+"""The comparison's metrics as pure ``LazyFrame -> LazyFrame`` functions (no I/O, no row loops).
+
+Inputs are the evidence tables (``rollouts``, ``candidates``, harness.evidence.schema) and a
+``runs`` frame built by ``io.load_runs``: one row per expected run with ``run_id, task, stack,
+seed, done, seed_candidate_id, threshold`` and one column per extra sweep axis.
+
+Definitions (the published table's, made exact):
+
+- candidate: a (run, candidate) with heldout rows scored (stage ``heldout``). Only these count
+  for coverage, best and the Pareto front: a candidate never judged on heldout has no score.
+- K: a run's candidates ordered by their creation ``index``; "the first K candidates" are the
+  first K heldout-scored ones in that order (= indexes 0..K-1 when every candidate was scored).
+- heldout coverage through K: distinct heldout task ids with ``reward >= threshold(task)`` by
+  any of the first K candidates; denominator: the run's distinct heldout task ids.
+- train coverage through K: the same over those candidates' optimization rows (stages seed,
+  pareto, minibatch, plus reflection and library, the reference arm's stage); denominator: the
+  run's distinct task ids in optimization rows of any candidate.
+- best heldout: max over candidates of the heldout mean reward (failed rollouts have reward 0,
+  as in the harness). seed heldout: the seed candidate's heldout mean. lift = best - seed.
+- found at: ``rollouts/cost_usd/elapsed_s_at_creation`` of the best candidate (lowest index on
+  ties): what the optimizer had spent when it created it.
+- joint Pareto front: points are candidates with (heldout mean up, cost at creation down,
+  elapsed at creation down); a point is on the front unless another point of the same task is
+  >= on heldout and <= on cost and time, strictly better on one. Unknown cost/time count as +inf.
+  Per cell: number of front points and their share of the task's front (pooled over seeds).
+- cells: task x stack x the sweep's other axes; seeds are replicates. Per cell the mean over
+  runs and a 95% percentile bootstrap CI over runs (fixed resample plan); with one run the CI
+  is the value itself (flagged ``n=1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+HELDOUT = "heldout"
+TRAIN_STAGES = ("seed", "pareto", "minibatch", "reflection", "library")
+RUN_METRICS = (
+    "best_heldout", "seed_heldout", "lift", "heldout_coverage", "heldout_rows", "train_coverage", "train_rows",
+    "found_rollouts", "found_cost_usd", "found_elapsed_s", "seed_heldout_coverage", "seed_train_coverage",
+)
+AT_CREATION = {"rollouts": "rollouts_at_creation", "cost_usd": "cost_usd_at_creation",
+               "elapsed_s": "elapsed_s_at_creation"}
+INF = float("inf")
+
+
+def cell_columns(axes: Sequence[str]) -> list[str]:
+    return ["task", "stack", *axes]
+
+
+def with_labels(runs: pl.LazyFrame, axes: Sequence[str]) -> pl.LazyFrame:
+    """A readable cell name for legends: ``stack`` or ``stack (axis=value, ...)``."""
+    if not axes:
+        return runs.with_columns(label=pl.col("stack"))
+    parts = pl.concat_str([pl.concat_str([pl.lit(f"{a}="), pl.col(a)]) for a in axes], separator=", ")
+    return runs.with_columns(label=pl.concat_str([pl.col("stack"), pl.lit(" ("), parts, pl.lit(")")]))
+
+
+def scored_candidates(rollouts: pl.LazyFrame, candidates: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per heldout-scored candidate: heldout mean, creation costs and its rank ``k``."""
+    heldout = (rollouts.filter(pl.col("stage") == HELDOUT)
+               .group_by("run_id", "candidate_id")
+               .agg(heldout_mean=pl.col("reward").fill_null(0.0).mean(), heldout_n=pl.len()))
+    created = candidates.select("run_id", "candidate_id", "index", *AT_CREATION.values())
+    return (heldout.join(created, on=["run_id", "candidate_id"], how="left")
+            .with_columns(k=(pl.int_range(pl.len(), dtype=pl.Int64) + 1)
+                          .over("run_id", order_by=["index", "candidate_id"])))
+
+
+def coverage_curve(rollouts: pl.LazyFrame, scored: pl.LazyFrame, runs: pl.LazyFrame,
+                   split: Literal["heldout", "train"]) -> pl.LazyFrame:
+    """Rows solved by any of the first k candidates, for every k of each run.
+
+    Each row is credited to the smallest k that solved it; the curve is the running sum."""
+    stages = [HELDOUT] if split == "heldout" else list(TRAIN_STAGES)
+    rows = rollouts.filter(pl.col("stage").is_in(stages)).select("run_id", "candidate_id", "task_id", "reward")
+    denominators = rows.group_by("run_id").agg(rows=pl.col("task_id").n_unique().cast(pl.Int64))
+    first_solved = (rows.join(runs.select("run_id", "threshold"), on="run_id")
+                    .filter(pl.col("reward") >= pl.col("threshold"))
+                    .join(scored.select("run_id", "candidate_id", "k"), on=["run_id", "candidate_id"])
+                    .group_by("run_id", "task_id").agg(pl.col("k").min())
+                    .group_by("run_id", "k").agg(new=pl.len().cast(pl.Int64)))
+    return (scored.select("run_id", "k")
+            .join(first_solved, on=["run_id", "k"], how="left")
+            .with_columns(covered=pl.col("new").fill_null(0).cum_sum().over("run_id", order_by="k"))
+            .join(denominators, on="run_id", how="left")
+            .select("run_id", pl.lit(split).alias("split"), "k", "covered", pl.col("rows").fill_null(0)))
+
+
+def coverage_through(curve: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
+    """Coverage through K per run (a run with fewer candidates keeps its final value);
+    ``k=None`` means all candidates."""
+    kept = curve if k is None else curve.filter(pl.col("k") <= k)
+    return kept.group_by("run_id").agg(pl.col("covered").max(), pl.col("rows").max())
+
+
+def run_best(scored: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
+    """Best heldout per run, the seed's score, the lift and where the best was found."""
+    order = dict(by=["heldout_mean", "index", "candidate_id"], descending=[True, False, False])
+    best = scored.group_by("run_id").agg(
+        best_heldout=pl.col("heldout_mean").max(),
+        best_candidate_id=pl.col("candidate_id").sort_by(**order).first(),
+        n_candidates=pl.len().cast(pl.Int64),
+        **{f"found_{name}": pl.col(col).sort_by(**order).first() for name, col in AT_CREATION.items()},
+    )
+    seed = (scored.join(runs.select("run_id", candidate_id="seed_candidate_id"), on=["run_id", "candidate_id"])
+            .select("run_id", seed_heldout="heldout_mean"))
+    return (best.join(seed, on="run_id", how="left")
+            .with_columns(lift=pl.col("best_heldout") - pl.col("seed_heldout"),
+                          found_rollouts=pl.col("found_rollouts").cast(pl.Float64)))
+
+
+def pareto_points(scored: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
+    """Every candidate as a point of its task's joint front, with ``on_front``."""
+    points = scored.join(runs.select("run_id", "task"), on="run_id").select(
+        "task", "run_id", "candidate_id", heldout="heldout_mean",
+        cost=pl.col("cost_usd_at_creation").fill_null(INF), time=pl.col("elapsed_s_at_creation").fill_null(INF))
+    other = points.select(pl.all().name.suffix("_o"))
+    # pairs within a task only (an equi-join, not a cross join), then the dominance test
+    dominated = (points.join(other, left_on="task", right_on="task_o")
+        .filter(pl.col("heldout_o") >= pl.col("heldout"), pl.col("cost_o") <= pl.col("cost"),
+                pl.col("time_o") <= pl.col("time"),
+                (pl.col("heldout_o") > pl.col("heldout")) | (pl.col("cost_o") < pl.col("cost"))
+                | (pl.col("time_o") < pl.col("time")))
+        .select("run_id", "candidate_id").unique().with_columns(dominated=pl.lit(True)))
+    return (points.join(dominated, on=["run_id", "candidate_id"], how="left")
+            .with_columns(on_front=pl.col("dominated").is_null()).drop("dominated"))
+
+
+def pareto_shares(points: pl.LazyFrame, runs: pl.LazyFrame, axes: Sequence[str]) -> pl.LazyFrame:
+    """Front points per cell and their share of the task's front."""
+    cell = cell_columns(axes)
+    front = points.filter("on_front").join(runs.select("run_id", *cell[1:]), on="run_id")
+    return (front.group_by(cell).agg(pareto_points=pl.len().cast(pl.Int64))
+            .with_columns(pareto_share=pl.col("pareto_points") / pl.col("pareto_points").sum().over("task")))
+
+
+def run_metrics(runs: pl.LazyFrame, best: pl.LazyFrame, heldout_curve: pl.LazyFrame,
+                train_curve: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
+    """One row per finished run with every per-run metric (the input to the seed summary)."""
+    def through(curve: pl.LazyFrame, name: str) -> pl.LazyFrame:
+        first = curve.filter(pl.col("k") == 1).select("run_id", pl.col("covered").alias(f"seed_{name}_coverage"))
+        return (coverage_through(curve, k).rename({"covered": f"{name}_coverage", "rows": f"{name}_rows"})
+                .join(first, on="run_id", how="left"))
+
+    return (runs.filter("done")
+            .join(best, on="run_id", how="left")
+            .join(through(heldout_curve, "heldout"), on="run_id", how="left")
+            .join(through(train_curve, "train"), on="run_id", how="left")
+            .with_columns(pl.col(c).cast(pl.Float64) for c in (
+                "heldout_coverage", "heldout_rows", "train_coverage", "train_rows",
+                "seed_heldout_coverage", "seed_train_coverage")))
+
+
+def resample_plan(sizes: Iterable[int], resamples: int = 1000, seed: int = 0) -> pl.LazyFrame:
+    """Bootstrap draws (n, b, slot -> pos): resample b of a cell with n runs takes, in each
+    slot, the run at position pos. Seeded per n, so a cell's CI does not depend on others."""
+    parts = []
+    for n in sorted(set(sizes)):
+        draws = np.random.default_rng([seed, n]).integers(0, n, size=(resamples, n))
+        parts.append(pl.DataFrame({
+            "n": np.full(resamples * n, n, dtype=np.int64),
+            "b": np.repeat(np.arange(resamples, dtype=np.int64), n),
+            "pos": draws.ravel().astype(np.int64),
+        }))
+    empty = pl.DataFrame(schema={"n": pl.Int64, "b": pl.Int64, "pos": pl.Int64})
+    return pl.concat([empty, *parts]).lazy()
+
+
+def seed_summary(per_run: pl.LazyFrame, plan: pl.LazyFrame, axes: Sequence[str],
+                 metrics: Sequence[str] = RUN_METRICS, level: float = 0.95) -> pl.LazyFrame:
+    """Mean and percentile bootstrap CI over a cell's runs for each metric."""
+    cell = cell_columns(axes)
+    ranked = per_run.with_columns(
+        n=pl.len().over(cell).cast(pl.Int64),
+        pos=pl.int_range(pl.len(), dtype=pl.Int64).over(cell, order_by=["seed", "run_id"]))
+    means = ranked.group_by(cell).agg(pl.len().cast(pl.Int64).alias("n_runs"),
+                                      *[pl.col(m).mean().alias(f"{m}_mean") for m in metrics])
+    tail = (1.0 - level) / 2
+    resampled = (ranked.join(plan, on=["n", "pos"])
+                 .group_by(*cell, "b").agg(pl.col(m).mean() for m in metrics)
+                 .group_by(cell).agg(
+                     *[pl.col(m).quantile(tail, interpolation="linear").alias(f"{m}_lo") for m in metrics],
+                     *[pl.col(m).quantile(1 - tail, interpolation="linear").alias(f"{m}_hi") for m in metrics]))
+    return means.join(resampled, on=cell, how="left", nulls_equal=True)
+
+
+def summary(runs: pl.LazyFrame, stats: pl.LazyFrame, shares: pl.LazyFrame, axes: Sequence[str],
+            k_used: pl.LazyFrame, metrics: Sequence[str] = RUN_METRICS, level: float = 0.95) -> pl.LazyFrame:
+    """One row per expected cell; cells without a finished run are kept with status ``missing``."""
+    cell = cell_columns(axes)
+    cells = runs.group_by(cell).agg(
+        pl.col("label").first(), pl.col("threshold").first(),
+        n_expected=pl.len().cast(pl.Int64), n_failed=(pl.col("status") == "failed").sum().cast(pl.Int64),
+        policy_model=pl.col("policy_model").drop_nulls().sort().first(),
+        proposer_model=pl.col("proposer_model").drop_nulls().sort().first())
+    stat_columns = [f"{m}_{s}" for m in metrics for s in ("mean", "lo", "hi")]
+    out = (cells.join(stats, on=cell, how="left", nulls_equal=True)
+           .join(shares, on=cell, how="left", nulls_equal=True)
+           .join(k_used, how="cross")
+           .with_columns(n_runs=pl.col("n_runs").fill_null(0)))
+    has_runs = pl.col("n_runs") > 0
+    return out.with_columns(
+        status=pl.when(~has_runs).then(pl.lit("missing"))
+        .when(pl.col("n_runs") < pl.col("n_expected")).then(pl.lit("partial")).otherwise(pl.lit("ok")),
+        ci=pl.when(~has_runs).then(pl.lit("none")).when(pl.col("n_runs") == 1).then(pl.lit("n=1"))
+        .otherwise(pl.lit(f"bootstrap{round(level * 100)}")),
+        pareto_points=pl.when(has_runs).then(pl.col("pareto_points").fill_null(0)),
+        pareto_share=pl.when(has_runs).then(pl.col("pareto_share").fill_null(0.0)),
+    ).select(*cell, "label", "status", "n_expected", "n_runs", "n_failed", "ci", "k", "threshold",
+             *stat_columns, "pareto_points", "pareto_share", "policy_model", "proposer_model",
+             ).sort(cell, nulls_last=True)
+
+
+def k_used(scored: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
+    """The K reported in the table: the requested one, else the most candidates of any run."""
+    if k is not None:
+        return pl.LazyFrame({"k": [k]}, schema={"k": pl.Int64})
+    return scored.select(pl.col("k").max().fill_null(0).cast(pl.Int64))
+
+
+def curve_points(runs: pl.LazyFrame, scored: pl.LazyFrame, heldout_curve: pl.LazyFrame,
+                 train_curve: pl.LazyFrame) -> pl.LazyFrame:
+    """Long-format points for every chart curve: coverage against K and best-so-far heldout
+    against rollouts, cost and elapsed time at creation."""
+    coverage = [c.select("run_id", metric=pl.concat_str([pl.col("split"), pl.lit("_coverage")]),
+                         x_name=pl.lit("K"), x=pl.col("k").cast(pl.Float64), y=pl.col("covered").cast(pl.Float64))
+                for c in (heldout_curve, train_curve)]
+    best = [scored.select(
+        "run_id", metric=pl.lit("best_heldout"), x_name=pl.lit(name), x=pl.col(col).cast(pl.Float64),
+        y=pl.col("heldout_mean").cum_max().over("run_id", order_by=[col, "index", "candidate_id"]))
+        for name, col in AT_CREATION.items()]
+    return (pl.concat([*coverage, *best])
+            .join(runs.select("run_id", "stack", "task"), on="run_id")
+            .select("stack", "task", run="run_id", metric="metric", x_name="x_name", x="x", y="y")
+            .sort("stack", "task", "run", "metric", "x_name", "x", "y"))

@@ -1,0 +1,363 @@
+"""The task contract through the real client (harness.client.ContainerClient): every route
+of both reference containers (real child processes), bearer auth, and a misbehaving
+contract server (a FastAPI app on loopback) for malformed answers, retries and hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+
+from conftest import CONTAINER_MODULES, ServerThread, container_spec
+from harness.client import ContainerClient
+from harness.contract import (
+    CONTRACT_VERSION,
+    GEPA_OPTIMIZER_CONTRACT,
+    PROGRAM_VERSION,
+    PolicyBlock,
+    RolloutRequest,
+)
+from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError
+from harness.llm import RetryPolicy
+from harness.services import Services
+
+FAST = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.02)
+
+
+def call(url: str, fn: Callable[[ContainerClient], Awaitable[Any]], **kwargs: Any) -> Any:
+    """Run `fn(client)` with a fresh client (fast retries unless given)."""
+    kwargs.setdefault("retry", FAST)
+
+    async def go() -> Any:
+        client = ContainerClient(url, **kwargs)
+        try:
+            return await fn(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def request_for(rollout_id: str, candidate: dict[str, str], task: dict[str, Any], policy_url: str) -> RolloutRequest:
+    return RolloutRequest(
+        rollout_id=rollout_id, task_id=task.get("task_id", "train:0"), candidate=candidate, task=task,
+        policy=PolicyBlock(provider="scripted", model="scripted-rules", base_url=policy_url, max_tokens=24),
+        metadata={"candidate_id": "c0000", "seed": 0, "stage": "test"},
+    )
+
+
+# ---------------------------------------------------------------- both reference containers
+
+
+@pytest.fixture(params=["banking77", "heart_disease"])
+def container(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param, request.getfixturevalue(f"{request.param}_url")
+
+
+def test_every_route_of_the_reference_containers(container: tuple[str, str], scripted_policy: Any) -> None:
+    name, url = container
+
+    async def go(client: ContainerClient) -> dict[str, Any]:
+        health, metadata, program, taskset = (await client.health(), await client.metadata(),
+                                              await client.program(), await client.taskset())
+        tasks = await client.tasks("train", ["train:0", "train:1", "train:2"])
+        test_tasks = await client.tasks("test", ["test:0"])
+        info = await client.task_info()
+        rollout = await client.rollout(request_for("r-every-route", program.seed_candidate, tasks[0].model_dump(),
+                                                   scripted_policy.base_url))
+        return locals()
+
+    got = call(url, go)
+    assert got["health"].status == "ok" and got["health"].contract_version == CONTRACT_VERSION
+    assert got["metadata"].gepa_contract == GEPA_OPTIMIZER_CONTRACT
+    assert got["metadata"].capabilities["contract_version"] == CONTRACT_VERSION
+    program = got["program"]
+    assert program.version == PROGRAM_VERSION and program.target_modules == [CONTAINER_MODULES[name]]
+    field = program.field_of(program.target_modules[0])
+    assert program.seed_candidate[field].strip()
+    taskset = got["taskset"]
+    assert set(taskset.splits) == {"train", "test"} and all(n > 0 for n in taskset.splits.values())
+    assert [t.task_id for t in got["tasks"]] == ["train:0", "train:1", "train:2"]
+    assert [t.seed for t in got["tasks"]] == [0, 1, 2] and all(t.split == "train" for t in got["tasks"])
+    assert got["test_tasks"][0].task_id == "test:0"
+    assert isinstance(got["info"], dict) and got["info"]
+    rollout = got["rollout"]
+    assert rollout.rollout_id == "r-every-route" and rollout.status == "ok"
+    assert 0.0 <= rollout.resolved_reward() <= 1.0
+    assert rollout.usage.prompt_tokens > 0 and rollout.usage.completion_tokens > 0
+    assert rollout.feedback and rollout.output_text
+
+
+def test_unknown_task_id_is_fatal_and_named(banking77_url: str) -> None:
+    with pytest.raises(ServiceError) as caught:
+        call(banking77_url, lambda c: c.tasks("train", ["train:999999"]))
+    assert caught.value.kind is FailureKind.FATAL
+    assert "/taskset/tasks" in str(caught.value) and "404" in str(caught.value)
+
+
+# ---------------------------------------------------------------- a container with a key
+
+
+@pytest.fixture(scope="module")
+def keyed_banking77(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    key = f"ck-{uuid.uuid4().hex}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_TEST_CONTAINER_KEY", key)
+        mp.setenv("HARNESS_TEST_WRONG_KEY", "not-the-key")
+        with Services(tmp_path_factory.mktemp("keyed-logs")) as services:
+            spec = container_spec("banking77", data_dir, api_key_env="HARNESS_TEST_CONTAINER_KEY")
+            yield services.container_url(spec), key
+
+
+@pytest.mark.parametrize("route", ["/metadata", "/program", "/taskset", "/task_info"])
+def test_keyed_container_rejects_a_client_without_the_key(keyed_banking77: tuple[str, str], route: str) -> None:
+    url, _ = keyed_banking77
+    method = {"/metadata": "metadata", "/program": "program", "/taskset": "taskset", "/task_info": "task_info"}[route]
+    if route == "/task_info":  # optional route: a fatal answer reads as "not offered"
+        assert call(url, lambda c: c.task_info()) is None
+        return
+    for key_env in (None, "HARNESS_TEST_WRONG_KEY"):
+        with pytest.raises(ServiceError) as caught:
+            call(url, lambda c: getattr(c, method)(), api_key_env=key_env)
+        assert caught.value.kind is FailureKind.FATAL
+        assert route in str(caught.value) and "401" in str(caught.value)
+
+
+def test_keyed_container_works_with_the_key(keyed_banking77: tuple[str, str], scripted_policy: Any) -> None:
+    url, _ = keyed_banking77
+
+    async def go(client: ContainerClient) -> Any:
+        program = await client.program()
+        task = (await client.tasks("train", ["train:5"]))[0]
+        await client.taskset()
+        return await client.rollout(request_for("r-keyed", program.seed_candidate, task.model_dump(),
+                                                scripted_policy.base_url))
+
+    response = call(url, go, api_key_env="HARNESS_TEST_CONTAINER_KEY")
+    assert response.status == "ok" and response.rollout_id == "r-keyed"
+    # without the key, the same rollout is refused before anything runs
+    with pytest.raises(ServiceError, match=r"POST /rollout failed \(fatal\): HTTP 401"):
+        call(url, lambda c: c.rollout(request_for("r-nokey", {"stage2_system": "x"}, {}, scripted_policy.base_url)))
+    assert call(url, lambda c: c.health()).status == "ok"  # liveness stays open
+
+
+def test_client_names_an_unset_key_variable(keyed_banking77: tuple[str, str]) -> None:
+    url, _ = keyed_banking77
+    with pytest.raises(ConfigError, match="HARNESS_TEST_UNSET_KEY"):
+        call(url, lambda c: c.metadata(), api_key_env="HARNESS_TEST_UNSET_KEY")
+
+
+def test_a_key_inside_the_policy_block_is_refused(keyed_banking77: tuple[str, str], scripted_policy: Any) -> None:
+    url, key = keyed_banking77
+    secret = f"sk-leak-{uuid.uuid4().hex}"
+    body = {
+        "rollout_id": "r-leak", "task_id": "train:0", "candidate": {"stage2_system": "Answer."}, "task": {},
+        "policy": {"provider": "openai_compatible", "model": "m", "base_url": scripted_policy.base_url,
+                   "api_key": secret},
+    }
+    refused = httpx.post(f"{url}/rollout", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert refused.status_code == 422
+    assert "credentials" in refused.text and secret not in refused.text
+    # without the container key the request is turned away before its body is read
+    assert httpx.post(f"{url}/rollout", json=body, timeout=10).status_code == 401
+    # the harness cannot even build such a request
+    with pytest.raises(ValidationError, match="credentials"):
+        PolicyBlock(provider="openai_compatible", model="m", base_url="http://x", api_key=secret)
+
+
+# ---------------------------------------------------------------- a misbehaving contract server
+
+Responder = Callable[[Any], Any]
+
+
+class FakeContainer:
+    """Answers each route from a scripted list of responders (the last one repeats) and
+    counts the attempts it sees per route."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        self.plans: dict[str, list[Responder]] = {}
+        self.app = FastAPI()
+
+        @self.app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def any_route(path: str, request: Request) -> Response:
+            route = "/" + path
+            attempt = self.hits[route]
+            self.hits[route] += 1
+            body = await request.json() if request.method == "POST" else None
+            plan = self.plans.get(route) or [status(404)]
+            result = plan[min(attempt, len(plan) - 1)](body)
+            return await result if asyncio.iscoroutine(result) else result
+
+
+def ok(payload: dict[str, Any]) -> Responder:
+    return lambda body: JSONResponse(payload)
+
+
+def echo(**fields: Any) -> Responder:
+    """A rollout answer for the request's own rollout id."""
+    return lambda body: JSONResponse({"rollout_id": body["rollout_id"], **fields})
+
+
+def status(code: int, headers: dict[str, str] | None = None) -> Responder:
+    return lambda body: JSONResponse({"detail": f"scripted {code}"}, status_code=code, headers=headers)
+
+
+def hang(seconds: float) -> Responder:
+    async def slow(body: Any) -> Response:
+        await asyncio.sleep(seconds)
+        return JSONResponse({"status": "ok"})
+
+    return slow
+
+
+HEALTH = {"status": "ok", "contract_version": CONTRACT_VERSION}
+PROGRAM = {"version": PROGRAM_VERSION, "program_id": "fake", "target_modules": ["system"],
+           "modules": [{"module_id": "system", "role": "system", "content": "Answer.", "mutable": True}],
+           "seed_candidate": {"system": "Answer."}}
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeContainer, str]]:
+    container = FakeContainer()
+    with ServerThread(container.app) as server:
+        yield container, server.url
+
+
+def rollout_of(url: str, rollout_id: str = "r-1", **kwargs: Any) -> Any:
+    request = request_for(rollout_id, {"system": "Answer."}, {"task_id": "train:0", "x": 1}, "http://127.0.0.1:9/v1")
+    return call(url, lambda c: c.rollout(request), **kwargs)
+
+
+def test_non_json_body_is_a_contract_violation(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/taskset"] = [lambda body: PlainTextResponse("<html>oops</html>")]
+    with pytest.raises(ContractViolation, match=r"^/taskset: response is not JSON$") as caught:
+        call(url, lambda c: c.taskset())
+    assert caught.value.kind is FailureKind.FATAL and server.hits["/taskset"] == 1
+
+
+@pytest.mark.parametrize("route, payload, field", [
+    ("/program", {k: v for k, v in PROGRAM.items() if k != "target_modules"}, "target_modules"),
+    ("/taskset", {"taskset_id": "fake"}, "splits"),
+    ("/taskset", {"taskset_id": "fake", "splits": {"train": "many"}}, "splits.train"),
+    ("/health", {"contract_version": CONTRACT_VERSION}, "status"),
+    ("/rollout", {"status": "ok", "reward": 1.0}, "rollout_id"),
+])
+def test_missing_or_wrong_field_names_route_and_field(fake: tuple[FakeContainer, str], route: str,
+                                                      payload: dict[str, Any], field: str) -> None:
+    server, url = fake
+    server.plans[route] = [ok(payload)]
+    method = {"/program": "program", "/taskset": "taskset", "/health": "health"}.get(route)
+    with pytest.raises(ContractViolation) as caught:
+        if method:
+            call(url, lambda c: getattr(c, method)())
+        else:
+            rollout_of(url)
+    assert str(caught.value).startswith(f"{route}: malformed response, field '{field}'")
+
+
+def test_rollout_answered_for_another_id(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/rollout"] = [ok({"rollout_id": "someone-else", "reward": 1.0})]
+    with pytest.raises(ContractViolation, match=r"/rollout: answered rollout_id 'someone-else' for request 'r-mine'"):
+        rollout_of(url, "r-mine")
+
+
+def test_tasks_answer_missing_an_id(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/taskset/tasks"] = [ok({"tasks": [{"task_id": "train:0", "split": "train"}]})]
+    with pytest.raises(ContractViolation, match=r"missing \['train:1'\]"):
+        call(url, lambda c: c.tasks("train", ["train:0", "train:1"]))
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"reward_info": {"outcome_reward": 0.7, "score": 0.1}, "summary": {"outcome_reward": 0.2}, "reward": 0.3}, 0.7),
+    ({"reward_info": {"outcome_reward": 0.0, "score": 0.9}, "reward": 0.3}, 0.0),  # 0 is present, not absent
+    ({"reward_info": {"score": 0.6}, "summary": {"outcome_reward": 0.2}, "reward": 0.3}, 0.6),
+    ({"reward_info": {}, "summary": {"outcome_reward": 0.5}, "reward": 0.3}, 0.5),
+    ({"summary": {"note": "no reward here"}, "reward": 0.4}, 0.4),
+    ({"status": "ok"}, None),
+])
+def test_reward_fallbacks_in_order(fake: tuple[FakeContainer, str], fields: dict[str, Any], expected: float | None) -> None:
+    server, url = fake
+    server.plans["/rollout"] = [echo(**fields)]
+    assert rollout_of(url).resolved_reward() == expected
+
+
+def test_unknown_extra_fields_are_accepted(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/health"] = [ok({**HEALTH, "uptime_s": 12, "build": {"sha": "abc"}})]
+    server.plans["/program"] = [ok({**PROGRAM, "vendor": "x", "modules": [{**PROGRAM["modules"][0], "tags": ["a"]}]})]
+    server.plans["/rollout"] = [echo(
+        status="ok", reward_info={"outcome_reward": 1.0, "rubric": {"a": 1}}, usage={"prompt_tokens": 3,
+        "completion_tokens": 2, "reasoning_tokens": 9}, actionable_side_info={"feedback": "fine", "hints": []},
+        trace={"output": "yes", "spans": []}, vendor_field=[1, 2, 3])]
+    assert call(url, lambda c: c.health()).model_extra == {"uptime_s": 12, "build": {"sha": "abc"}}
+    assert call(url, lambda c: c.program()).modules[0].model_extra == {"tags": ["a"]}
+    response = rollout_of(url)
+    assert response.resolved_reward() == 1.0 and response.feedback == "fine" and response.output_text == "yes"
+    assert response.usage.prompt_tokens == 3 and response.model_extra == {"vendor_field": [1, 2, 3]}
+
+
+@pytest.mark.parametrize("failures", [
+    [status(500), status(503)],
+    [status(429, {"Retry-After": "0"})],
+    [status(429), status(502), status(408)],
+])
+def test_retries_transient_and_rate_limited_then_succeeds(fake: tuple[FakeContainer, str], failures: list) -> None:
+    server, url = fake
+    server.plans["/metadata"] = failures + [ok({"metadata": {"optimizer_contracts": {"gepa": {"version": "v"}}}})]
+    server.plans["/rollout"] = failures + [echo(reward=1.0)]
+    assert call(url, lambda c: c.metadata()).gepa_contract == "v"
+    assert rollout_of(url).resolved_reward() == 1.0
+    assert server.hits["/metadata"] == server.hits["/rollout"] == len(failures) + 1
+
+
+@pytest.mark.parametrize("code, kind", [(500, FailureKind.TRANSIENT), (429, FailureKind.RATE_LIMITED)])
+def test_gives_up_after_the_retry_budget(fake: tuple[FakeContainer, str], code: int, kind: FailureKind) -> None:
+    server, url = fake
+    server.plans["/taskset"] = [status(code)]
+    with pytest.raises(ServiceError) as caught:
+        call(url, lambda c: c.taskset(), retry=RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.01))
+    assert caught.value.kind is kind and f"GET /taskset failed ({kind.value})" in str(caught.value)
+    assert server.hits["/taskset"] == 3
+
+
+@pytest.mark.parametrize("code", [400, 401, 403, 404, 422])
+def test_fatal_status_is_not_retried(fake: tuple[FakeContainer, str], code: int) -> None:
+    server, url = fake
+    server.plans["/program"] = [status(code), ok(PROGRAM)]
+    with pytest.raises(ServiceError) as caught:
+        call(url, lambda c: c.program())
+    assert caught.value.kind is FailureKind.FATAL and f"HTTP {code}" in str(caught.value)
+    assert server.hits["/program"] == 1
+
+
+def test_a_hang_past_the_timeout_is_transient(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/health"] = [hang(3.0)]
+    started = time.monotonic()
+    with pytest.raises(ServiceError) as caught:
+        call(url, lambda c: c.health(), timeout_s=0.2, retry=RetryPolicy(attempts=2, base_delay_s=0.01))
+    assert time.monotonic() - started < 2.0
+    assert caught.value.kind is FailureKind.TRANSIENT
+    assert "GET /health failed (transient)" in str(caught.value) and "Timeout" in str(caught.value)
+    assert server.hits["/health"] == 2
+
+
+def test_a_hang_then_an_answer_recovers(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/health"] = [hang(3.0), ok(HEALTH)]
+    assert call(url, lambda c: c.health(), timeout_s=0.3).status == "ok"
+    assert server.hits["/health"] == 2

@@ -1,0 +1,278 @@
+"""Our GEPA against the real banking77 container, with the scripted model as policy and
+proposer (`rules`, or `queue` for exact control of every proposal), through
+harness.run.execute_run; plus unit tests of the Pareto frontier and the reply parser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from algorithms.gepa.pareto import ParetoFrontier
+from algorithms.gepa.proposer import apply_reply
+from conftest import container_spec, execute, make_run_spec, read_evidence
+from harness.client import ContainerClient
+from harness.context import OPTIMIZATION_STAGES
+from harness.evidence.schema import TIMING_COLUMNS
+from harness.scripted_model import ScriptedModelThread
+
+HELDOUT = ["test:0", "test:1", "test:2"]
+EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposer_max_tokens": 4000}
+
+# ---------------------------------------------------------------- Pareto frontier (unit)
+
+
+def frontier(**scores: list[float]) -> ParetoFrontier:
+    width = len(next(iter(scores.values())))
+    front = ParetoFrontier(tuple(f"train:{i}" for i in range(width)))
+    for candidate_id, rewards in scores.items():
+        front.add(candidate_id, rewards)
+    return front
+
+
+def test_fronts_are_the_per_row_leaders() -> None:
+    front = frontier(a=[1, 0, 0, 0.5], b=[1, 1, 0, 0.2], c=[0, 0, 1, 0.5])
+    assert front.fronts() == [{"a", "b"}, {"b"}, {"c"}, {"a", "c"}]
+
+
+def test_dominated_candidates_are_removed() -> None:
+    # a leads row 0 only, b leads rows 0 and 1: a is dominated; c leads row 2 alone
+    front = frontier(a=[1, 0, 0], b=[1, 1, 0], c=[0, 0, 1], d=[0, 0, 0.5])
+    assert front.non_dominated() == {"b": 2, "c": 1}
+    # equal rows: neither dominates the other, both stay
+    assert frontier(a=[1, 0], b=[1, 0], c=[0, 1]).non_dominated() == {"a": 1, "b": 1, "c": 1}
+    # all zero: everyone ties on every row
+    assert frontier(a=[0, 0], b=[0, 0]).non_dominated() == {"a": 2, "b": 2}
+
+
+def test_sampling_weights_follow_rows_led() -> None:
+    front = frontier(a=[1, 0, 0], b=[1, 1, 0], c=[0, 0, 1])
+    rng = random.Random(7)
+    draws = Counter(front.sample(rng) for _ in range(6000))
+    assert set(draws) == {"b", "c"}  # the dominated candidate is never a parent
+    assert draws["b"] / 6000 == pytest.approx(2 / 3, abs=0.03)
+    # same seed, same draws
+    assert [front.sample(random.Random(3)) for _ in range(5)] == [front.sample(random.Random(3)) for _ in range(5)]
+
+
+def test_best_is_highest_mean_and_ties_go_to_the_earlier() -> None:
+    assert frontier(a=[1, 0], b=[1, 1], c=[0, 1]).best() == "b"
+    assert frontier(a=[0, 1], b=[1, 0], c=[0.5, 0.5]).best() == "a"
+    assert frontier(c=[0.5, 0.5], a=[0, 1]).best() == "c"
+    assert frontier(a=[0.25, 0.75]).mean("a") == 0.5
+
+
+def test_add_needs_one_reward_per_row() -> None:
+    with pytest.raises(ValueError, match="one reward per pareto row"):
+        frontier(a=[1, 0]).add("b", [1.0])
+
+
+# ---------------------------------------------------------------- reply parsing (unit)
+
+SEED = "Classify the message.\nReply with the label only."
+
+
+@pytest.mark.parametrize("reply, text, state", [
+    ("```\nNew instruction.\n```", "New instruction.", "changed"),
+    ("Sure! Here it is:\n```text\nNew instruction.\nLine two.\n```\nGood luck.", "New instruction.\nLine two.", "changed"),
+    ("  New instruction, no fence.  ", "New instruction, no fence.", "changed"),
+    (f"```\n{SEED}\n```", SEED, "unchanged"),
+    (f"\n{SEED}\n\n", SEED, "unchanged"),
+])
+def test_rewrite_takes_the_fenced_block_or_the_whole_reply(reply: str, text: str, state: str) -> None:
+    proposal = apply_reply(SEED, reply, "rewrite")
+    assert (proposal.text, proposal.status) == (text, state)
+
+
+@pytest.mark.parametrize("reply", ["", "   \n ", "```\n```"])
+def test_empty_reply_keeps_the_module(reply: str) -> None:
+    for edit_format in ("rewrite", "rules", "answer_guide"):
+        proposal = apply_reply(SEED, reply, edit_format)
+        assert proposal.text == SEED and proposal.status in ("empty", "unchanged")
+    assert apply_reply(SEED, "", "rules").status == "empty"
+
+
+def test_rules_append_new_list_lines_under_one_heading() -> None:
+    reply = "Here are rules:\n```\n- If refund, answer: refund\n* If card, answer: card\n1. If pin, answer: pin\nprose\n```"
+    first = apply_reply(SEED, reply, "rules")
+    assert first.status == "changed"
+    assert first.text == (f"{SEED}\n\nRules learned from mistakes:\n- If refund, answer: refund\n"
+                          "- If card, answer: card\n- If pin, answer: pin")
+    # a second edit adds only lines not already present, under the same heading
+    second = apply_reply(first.text, "- If card, answer: card\n- If cash, answer: cash\n- if CASH, answer: cash", "rules")
+    assert second.text == first.text + "\n- If cash, answer: cash" and second.text.count("Rules learned") == 1
+    assert apply_reply(second.text, "- If card, answer: card", "rules").status == "unchanged"
+    assert apply_reply(SEED, "no list lines at all", "answer_guide").status == "unchanged"
+    guide = apply_reply(SEED, "- refund: money back", "answer_guide")
+    assert guide.text.endswith("Answer guide:\n- refund: money back")
+    many = apply_reply(SEED, "\n".join(f"- rule number {i}" for i in range(20)), "rules", max_new_lines=3)
+    assert many.text.count("- rule number") == 3
+
+
+# ---------------------------------------------------------------- runs against banking77
+
+
+@pytest.fixture(scope="module")
+def bank(banking77_url: str) -> dict[str, Any]:
+    """Rows the `rules` policy can be steered on exactly: a rule naming a row's whole text
+    fires on that row alone. Rows whose label is the policy's fallback answer are left out."""
+
+    async def go(client: ContainerClient) -> dict[str, Any]:
+        program = await client.program()
+        labels = (await client.taskset()).labels or []
+        tasks = await client.tasks("train", [f"train:{i}" for i in range(120)])
+        return {"seed": program.seed_candidate["stage2_system"], "labels": labels, "tasks": tasks}
+
+    async def with_client() -> dict[str, Any]:
+        client = ContainerClient(banking77_url)
+        try:
+            return await go(client)
+        finally:
+            await client.aclose()
+
+    got = asyncio.run(with_client())
+    rows = {t.task_id: t.model_dump() for t in got["tasks"]}
+    usable = [i for i, r in rows.items()
+              if '"' not in r["text"] and "\n" not in r["text"] and r["label"] != got["labels"][0]]
+    usable = [i for i in usable if not any(rows[i]["text"] in rows[j]["text"] for j in usable if j != i)]
+    return {"seed": got["seed"], "rows": rows, "train": usable[:8], "pareto": usable[8:12], "wide": usable}
+
+
+def rules_reply(seed: str, rows: dict[str, Any], ids: list[str], label: str | None = None) -> str:
+    """A rewrite that answers each row's own label (or `label` for all)."""
+    lines = [f'- If the message mentions "{rows[i]["text"]}", answer: {label or rows[i]["label"]}' for i in ids]
+    return "```\n" + seed + "\n" + "\n".join(lines) + "\n```"
+
+
+def run_queue(tmp_path: Path, data_dir: Path, urls: tuple[str, str], proposer: ScriptedModelThread,
+              bank: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("max_rollouts", 200)
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["train"], pareto=bank["pareto"],
+                         heldout=HELDOUT, proposer_script="queue", params=kwargs.pop("params", EXACT), **kwargs)
+    outcome = execute(spec, *urls, proposer.base_url)
+    assert outcome.status == "done", outcome.error
+    return read_evidence(outcome.evidence_dir)
+
+
+@pytest.fixture
+def urls(banking77_url: str, scripted_policy: Any) -> tuple[str, str]:
+    return banking77_url, scripted_policy.base_url
+
+
+@pytest.fixture
+def accept_reject(bank: dict[str, Any]) -> list[str]:
+    ids = bank["train"] + bank["pareto"]
+    return [rules_reply(bank["seed"], bank["rows"], ids, label="not_a_label"), rules_reply(bank["seed"], bank["rows"], ids)]
+
+
+def test_accepted_child_is_scored_on_pareto_rejected_is_not(tmp_path, data_dir, urls, bank, accept_reject) -> None:
+    with ScriptedModelThread("queue", accept_reject) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=2)
+    proposals, rollouts, candidates = ev["proposals"], ev["rollouts"], ev["candidates"]
+    assert proposals.select("iteration", "parent_id", "child_id", "status", "accepted").rows() == [
+        (0, "c0000", "c0001", "changed", False), (1, "c0000", "c0002", "changed", True)]
+    assert proposals["child_minibatch_score"].to_list() == [0.0, 1.0]
+    assert all(score < 1.0 for score in proposals["parent_minibatch_score"])
+    stages = {c: set(rollouts.filter(pl.col("candidate_id") == c)["stage"]) for c in ("c0000", "c0001", "c0002")}
+    assert stages == {"c0000": {"seed", "minibatch", "heldout"}, "c0001": {"minibatch"},
+                      "c0002": {"minibatch", "pareto", "heldout"}}
+    rejected = rollouts.filter(pl.col("candidate_id") == "c0001")
+    assert len(rejected) == 4 and set(rejected["task_id"]) <= set(bank["train"])
+    accepted_pareto = rollouts.filter((pl.col("candidate_id") == "c0002") & (pl.col("stage") == "pareto"))
+    assert sorted(accepted_pareto["task_id"]) == sorted(bank["pareto"]) and accepted_pareto["reward"].min() == 1.0
+    assert candidates.select("candidate_id", "origin", "parent_ids").rows() == [
+        ("c0000", "seed", []), ("c0001", "rejected", ["c0000"]), ("c0002", "proposal", ["c0000"])]
+    manifest = ev["manifest"]
+    assert manifest["stop_reason"] == "max_generations" and manifest["best_candidate_id"] == "c0002"
+    assert [h["candidate_id"] for h in manifest["heldout"]] == ["c0000", "c0002"]
+
+
+def test_unchanged_and_empty_proposals_are_recorded_and_rejected(tmp_path, data_dir, urls, bank) -> None:
+    with ScriptedModelThread("queue", [f"```\n{bank['seed']}\n```", ""]) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=2)
+    assert ev["proposals"].select("iteration", "status", "changed", "accepted", "child_id", "attempts").rows() == [
+        (0, "unchanged", False, False, None, 1), (1, "empty", False, False, None, 1)]
+    assert ev["candidates"]["candidate_id"].to_list() == ["c0000"]  # no child was made
+    assert set(ev["rollouts"]["candidate_id"]) == {"c0000"}
+    kinds = ev["events"]["kind"].to_list()
+    assert kinds.count("proposal_rejected") == 2 and ev["manifest"]["totals"]["proposer_calls"] == 2
+
+
+def test_unchanged_reply_is_retried_within_the_attempts(tmp_path, data_dir, urls, bank) -> None:
+    good = rules_reply(bank["seed"], bank["rows"], bank["train"] + bank["pareto"])
+    with ScriptedModelThread("queue", [f"```\n{bank['seed']}\n```", good]) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=1,
+                       params={**EXACT, "proposal_attempts": 2})
+    assert ev["proposals"].select("status", "attempts", "accepted").rows() == [("changed", 2, True)]
+    assert ev["manifest"]["totals"]["proposer_calls"] == 2
+
+
+def rules_run(tmp_path: Path, data_dir: Path, urls: tuple[str, str], bank: dict[str, Any], *, max_rollouts: int,
+              seed: int = 0, train: list[str] | None = None, **budget: Any) -> dict[str, Any]:
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=train or bank["wide"][:20],
+                         pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=max_rollouts, seed=seed,
+                         params={"minibatch_size": 3}, **budget)
+    outcome = execute(spec, *urls)
+    assert outcome.status == "done", outcome.error
+    return read_evidence(outcome.evidence_dir)
+
+
+def optimization_rows(ev: dict[str, Any]) -> pl.DataFrame:
+    return ev["rollouts"].filter(pl.col("stage").is_in(list(OPTIMIZATION_STAGES)))
+
+
+@pytest.mark.parametrize("budget", [1, 4, 5, 7, 13, 29, 61])
+def test_rollout_budget_is_never_exceeded(tmp_path, data_dir, urls, bank, budget: int) -> None:
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=budget)
+    spent = len(optimization_rows(ev))
+    totals = ev["manifest"]["totals"]
+    assert spent <= budget and spent == totals["rollouts"]
+    assert len(ev["rollouts"]) - spent == totals["heldout_rollouts"]
+    assert ev["manifest"]["stop_reason"] == "max_rollouts"
+    if budget < 5:  # the seed does not fit on the pareto pool: nothing is spent
+        assert spent == 0
+    else:
+        assert spent >= 5 and budget - spent < 5 + 3 + 3  # stops only when a whole iteration no longer fits
+
+
+def test_no_rollout_is_repeated(tmp_path, data_dir, urls, bank) -> None:
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=80, train=bank["wide"][:6])
+    keyed = ev["rollouts"].join(ev["candidates"].select("candidate_id", "digest"), on="candidate_id", how="left")
+    assert keyed["digest"].null_count() == 0
+    assert keyed.select("digest", "task_id").is_duplicated().sum() == 0
+    assert ev["rollouts"]["rollout_id"].is_unique().all() and ev["rollouts"]["seq"].to_list() == list(range(len(keyed)))
+
+
+def test_same_seed_gives_identical_evidence(tmp_path, data_dir, urls, bank) -> None:
+    first = rules_run(tmp_path / "a", data_dir, urls, bank, max_rollouts=40, seed=3)
+    second = rules_run(tmp_path / "b", data_dir, urls, bank, max_rollouts=40, seed=3)
+    assert len(first["proposals"]) > 0 and len(first["candidates"]) > 1
+    for name in ("rollouts", "candidates", "proposals", "events"):
+        keep = [c for c in first[name].columns if c not in TIMING_COLUMNS]
+        assert first[name].select(keep).equals(second[name].select(keep)), name
+    for key in ("run_id", "totals", "heldout", "best_candidate_id", "stop_reason", "identity"):
+        assert first["manifest"][key] == second["manifest"][key], key
+
+
+def test_max_generations_stops_cleanly(tmp_path, data_dir, urls, bank) -> None:
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=10_000, max_generations=3)
+    manifest = ev["manifest"]
+    assert manifest["status"] == "done" and manifest["stop_reason"] == "max_generations"
+    stop = ev["events"].filter(pl.col("kind") == "stop")
+    assert json.loads(stop["data_json"][0])["iterations"] == 3
+    assert ev["proposals"]["iteration"].max() <= 2
+
+
+def test_max_wall_s_stops_cleanly(tmp_path, data_dir, urls, bank) -> None:
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=100_000, max_wall_s=1.5, train=bank["wide"])
+    manifest = ev["manifest"]
+    assert manifest["status"] == "done" and manifest["stop_reason"] == "max_wall_s"
+    assert 0 < manifest["totals"]["rollouts"] < 100_000
+    assert 1.5 <= manifest["timings"]["optimize_s"] < 1.5 + 2.0  # stops between iterations, not mid-way
+    assert manifest["totals"]["heldout_rollouts"] > 0  # heldout scoring still runs after the stop

@@ -1,0 +1,449 @@
+"""Sweeps on real Ray with real containers and the scripted fake model (all loopback):
+a whole sweep, resume after the driver is killed, failure isolation, Ctrl-C, the shared
+endpoint limiter and a worker process that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from harness.config import load_config, run_spec
+from harness.run import RunOutcome
+from harness.services import Endpoints
+from harness.specs import RunSpec
+from harness.sweep.driver import PlannedRun, _index_row, _schedule
+from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
+from harness.sweep.store import SweepStore
+from harness.sweep.worker import SweepBoard
+
+REPO = Path(__file__).resolve().parents[1]
+TABLES = ("rollouts", "candidates", "proposals", "events")
+SCRIPTED = ["+sweep=smoke", "models=scripted"]
+
+
+# ---- helpers: the sweep as a subprocess, and the processes it leaves behind ----------
+
+
+def sweep_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a fresh local Ray
+    env.update(HARNESS_DATA_DIR=str(data_dir), COLUMNS="250", PYTHONUNBUFFERED="1")
+    return env
+
+
+def sweep_cmd(evidence: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "harness", *SCRIPTED, f"evidence_root={evidence}", *overrides]
+
+
+def run_sweep(evidence: Path, data_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_cmd(evidence, *overrides), cwd=REPO, env=sweep_env(data_dir), capture_output=True,
+                          text=True, timeout=timeout, start_new_session=True)
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, pgid, start time) of a live, non-zombie process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def descendants(root: int) -> dict[int, tuple[int, int]]:
+    """pid -> (pgid, start time) of every process below `root`."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            table[int(entry)] = stat
+    found: dict[int, tuple[int, int]] = {}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, pgid, start) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = (pgid, start)
+                frontier.append(pid)
+    return found
+
+
+def still_alive(procs: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    alive = {}
+    for pid, (pgid, start) in procs.items():
+        stat = _stat(pid)
+        if stat is not None and stat[2] == start:  # same process, not a reused pid
+            alive[pid] = (pgid, start)
+    return alive
+
+
+def wait_gone(procs: dict[int, tuple[int, int]], timeout: float) -> dict[int, tuple[int, int]]:
+    deadline = time.monotonic() + timeout
+    while (alive := still_alive(procs)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def kill_all(procs: dict[int, tuple[int, int]]) -> None:
+    """SIGKILL what is left of a process tree this test started (never anything else)."""
+    for pid, (pgid, _) in still_alive(procs).items():
+        try:
+            if pgid == pid:  # a service in its own session: take its children with it
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_gone(procs, 10)
+
+
+class SweepProcess:
+    """A sweep started in its own session; on exit nothing it started survives."""
+
+    def __init__(self, evidence: Path, data_dir: Path, *overrides: str, log: Path):
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(sweep_cmd(evidence, *overrides), cwd=REPO, env=sweep_env(data_dir),
+                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.seen: dict[int, tuple[int, int]] = {}
+
+    def snapshot(self) -> dict[int, tuple[int, int]]:
+        self.seen.update(descendants(self.proc.pid))
+        return dict(self.seen)
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.snapshot()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        kill_all(self.seen)
+        self._out.close()
+
+
+def manifests(sweep_dir: Path) -> set[str]:
+    return {p.parent.name for p in sweep_dir.glob("*/manifest.json")}
+
+
+def wait_for_some_manifests(sweep: SweepProcess, sweep_dir: Path, total: int, timeout: float = 240) -> set[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = manifests(sweep_dir)
+        if done:
+            assert len(done) < total, "the sweep finished before it could be interrupted: make its runs longer"
+            return done
+        assert sweep.proc.poll() is None, f"sweep exited early:\n{sweep.output()[-3000:]}"
+        sweep.snapshot()
+        time.sleep(0.2)
+    pytest.fail(f"no run finished within {timeout}s:\n{sweep.output()[-3000:]}")
+
+
+def index_rows(sweep_dir: Path) -> list[dict]:
+    return pq.read_table(sweep_dir / "index.parquet").to_pylist()
+
+
+def check_evidence_complete(sweep_dir: Path, run_ids: set[str]) -> None:
+    """Every run dir complete; every Parquet file readable; no temporary files; no duplicate rows."""
+    leftovers = [str(p) for p in sweep_dir.rglob("*") if p.name.endswith(".tmp") or ".write-probe-" in p.name]
+    assert not leftovers, f"leftover temporary files: {leftovers}"
+    for path in sweep_dir.rglob("*.parquet"):
+        pq.read_table(path)  # raises on a partial file
+    run_dirs = {p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name not in ("logs", "report")}
+    assert run_dirs == run_ids, "run directories do not match the grid"
+    for run_id in run_ids:
+        run_dir = sweep_dir / run_id
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert manifest["run_id"] == run_id and manifest["status"] == "done"
+        for table in TABLES:
+            assert (run_dir / f"{table}.parquet").is_file(), f"{run_id} lacks {table}.parquet"
+        rollouts = pq.read_table(run_dir / "rollouts.parquet").to_pylist()
+        ids = [r["rollout_id"] for r in rollouts]
+        assert len(ids) == len(set(ids)), f"{run_id}: duplicated rollout rows"
+        assert {r["run_id"] for r in rollouts} == {run_id}
+        totals = manifest["totals"]
+        assert len(rollouts) == totals["rollouts"] + totals["heldout_rollouts"]
+        candidates = [c["candidate_id"] for c in pq.read_table(run_dir / "candidates.parquet").to_pylist()]
+        assert len(candidates) == len(set(candidates)) == totals["candidates"]
+
+
+# ---- whole sweeps (subprocess) ----------------------------------------------------------
+
+
+def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    first = run_sweep(evidence, data_dir)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+
+    rows = index_rows(sweep_dir)
+    sweep_json = json.loads((sweep_dir / "sweep.json").read_text())
+    grid_ids = [g["run_id"] for g in sweep_json["grid"]]
+    assert len(grid_ids) == 4 and len(set(grid_ids)) == 4
+    assert sorted(r["run_id"] for r in rows) == sorted(grid_ids)  # every run once
+    assert {r["status"] for r in rows} == {"done"}
+    assert {(g["container"], g["seed"]) for g in sweep_json["grid"]} == {
+        (c, s) for c in ("banking77", "heart_disease") for s in ("0", "1")}
+    for row in rows:
+        assert row["error"] is None and row["attempts"] == 1
+        assert row["evidence_dir"] == str(sweep_dir / row["run_id"])
+        assert 0 < row["rollouts"] <= 40
+    parity = sweep_json["parity"]
+    assert parity["seeds"] == [0, 1]
+    assert len(parity["budgets"]) == 1 and json.loads(parity["budgets"][0])["max_rollouts"] == 40
+    assert set(parity["heldout_ids"]) == {"banking77", "heart_disease"}
+    assert all(len(ids) == 20 for ids in parity["heldout_ids"].values())
+    assert parity["policies"] == parity["proposers"] == ["scripted-rules"]
+    assert sweep_json["sweep"]["name"] == "smoke" and sweep_json["price_table_version"]
+    check_evidence_complete(sweep_dir, set(grid_ids))
+    assert all(r["run_id"] in first.stdout for r in rows)  # the final table
+
+    again = run_sweep(evidence, data_dir, "concurrency=3")  # transport change: same runs
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "4 already done, 0 to run" in again.stdout
+    assert {r["status"] for r in index_rows(sweep_dir)} == {"skipped"}
+    assert sorted(r["run_id"] for r in index_rows(sweep_dir)) == sorted(grid_ids)
+
+
+RESUME = ("sweep.containers=[banking77]", "sweep.seeds=[0,1,2,3,4,5]", "budget.max_rollouts=120")
+
+
+def test_resume_after_the_driver_is_killed(tmp_path, data_dir):
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    sweep = SweepProcess(evidence, data_dir, *RESUME, log=tmp_path / "first.log")
+    try:
+        wait_for_some_manifests(sweep, sweep_dir, total=6)
+        tree = sweep.snapshot()
+        finished_before = {r for r in manifests(sweep_dir)}
+        os.killpg(sweep.proc.pid, signal.SIGKILL)  # the driver and everything in its process group
+        sweep.proc.wait(30)
+        # Ray's processes share the driver's fate; the services it started (own sessions) are orphans
+        # now: this test removes them so that they cannot disturb later tests
+        kill_all(tree)
+    finally:
+        sweep.close()
+    assert still_alive(sweep.seen) == {}
+
+    second = run_sweep(evidence, data_dir, *RESUME)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    rows = index_rows(sweep_dir)
+    grid_ids = {g["run_id"] for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    assert len(grid_ids) == 6
+    assert sorted(r["run_id"] for r in rows) == sorted(grid_ids)  # each run exactly once
+    status = {r["run_id"]: r["status"] for r in rows}
+    assert set(status.values()) <= {"done", "skipped"}
+    assert finished_before <= {i for i, s in status.items() if s == "skipped"}  # finished runs are not redone
+    assert any(s == "done" for s in status.values())
+    check_evidence_complete(sweep_dir, grid_ids)
+
+
+def _write_test_configs(root: Path) -> Path:
+    """Test-only Hydra options: a container attached to a dead port, one whose command exits."""
+    pools = ("pools:\n  train: {split: train, start: 0, count: 60}\n  pareto: {split: train, start: 60, count: 20}\n"
+             "  heldout: {split: test, start: 0, count: 100}\n")
+    (root / "container").mkdir(parents=True)
+    (root / "container" / "dead.yaml").write_text(
+        "# @package _global_\ncontainer:\n  name: dead\n  url: http://127.0.0.1:9\n" + pools)
+    (root / "container" / "broken.yaml").write_text(
+        "# @package _global_\ncontainer:\n  name: broken\n  command: [python, -c, 'import sys; sys.exit(3)']\n" + pools)
+    return root
+
+
+def test_failed_runs_are_isolated(tmp_path, data_dir):
+    configs = _write_test_configs(tmp_path / "configs")
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    out = run_sweep(evidence, data_dir, f"hydra.searchpath=[file://{configs}]",
+                    "sweep.containers=[heart_disease,dead,broken]", "sweep.seeds=[0]")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {r["container"]: r for r in index_rows(sweep_dir)}
+    assert sorted(rows) == ["broken", "dead", "heart_disease"]
+    assert rows["heart_disease"]["status"] == "done"
+    assert rows["dead"]["status"] == "failed"
+    assert "dead" in rows["dead"]["error"] and "ConnectError" in rows["dead"]["error"]
+    assert rows["broken"]["status"] == "failed"  # its container never started: the other runs still ran
+    assert "exited with code 3" in rows["broken"]["error"]
+    check_evidence_complete(sweep_dir, {rows["heart_disease"]["run_id"]})
+    # the final table names every run and the failures' causes
+    table = out.stdout[out.stdout.rindex("runs"):]
+    for row in rows.values():
+        assert row["run_id"] in table
+    assert table.count("failed") >= 2 and "ConnectError" in table and "exited with code 3" in table
+    assert "index.parquet" in table
+
+
+def test_ctrl_c_stops_services_and_ray(tmp_path, data_dir):
+    evidence = tmp_path / "evidence"
+    sweep = SweepProcess(evidence, data_dir, *RESUME, log=tmp_path / "interrupted.log")
+    try:
+        wait_for_some_manifests(sweep, evidence / "smoke", total=6)
+        tree = sweep.snapshot()
+        services = {pid for pid, (pgid, _) in tree.items() if pgid == pid}  # containers, model server
+        assert len(services) >= 2, tree
+        os.killpg(sweep.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        code = sweep.proc.wait(120)
+        output = sweep.output()
+        assert code == 130, output[-3000:]
+        assert "interrupted" in output
+        left = wait_gone(tree, 30)
+        assert not left, f"still running after Ctrl-C: {[Path(f'/proc/{p}/cmdline').read_bytes()[:120] for p in left]}"
+    finally:
+        sweep.close()
+
+
+# ---- in-process Ray: the shared limiter and a dying worker -----------------------------
+
+
+@pytest.fixture(scope="class")
+def local_ray():
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.usefixtures("local_ray")
+class TestInProcessRay:
+    def test_twenty_gate_holders_never_exceed_the_limit(self):
+        @ray.remote(num_cpus=0)
+        class Tally:
+            def __init__(self):
+                self.now: dict[str, int] = {}
+                self.peak: dict[str, int] = {}
+
+            def enter(self, keys):
+                for k in keys:
+                    self.now[k] = self.now.get(k, 0) + 1
+                    self.peak[k] = max(self.peak.get(k, 0), self.now[k])
+
+            def leave(self, keys):
+                for k in keys:
+                    self.now[k] -= 1
+
+            def peaks(self):
+                return self.peak
+
+        async def _hold(limiter, tally, keys):
+            async with shared_gate(limiter, *keys)():
+                await tally.enter.remote(keys)
+                await asyncio.sleep(0.05)
+                await tally.leave.remote(keys)
+
+        @ray.remote(num_cpus=0)
+        class Holders:  # gate holders in another process: the limit is shared across processes
+            async def hold(self, limiter, tally, n, keys):
+                await asyncio.gather(*(_hold(limiter, tally, keys) for _ in range(n)))
+
+        limiter = EndpointLimiter.remote({"http://container": 3, "http://policy": 5})
+        tally = Tally.remote()
+        keys_a = ["http://container", "http://policy"]  # a rollout's gate: container and policy
+        keys_b = ["http://policy"]  # a proposer-like gate on the policy key alone
+
+        async def main():
+            await asyncio.gather(
+                *(_hold(limiter, tally, keys_a if i % 2 else keys_b) for i in range(10)),
+                Holders.remote().hold.remote(limiter, tally, 5, keys_a),
+                Holders.remote().hold.remote(limiter, tally, 5, keys_b),
+            )
+
+        asyncio.run(main())
+        peaks = ray.get(tally.peaks.remote())
+        assert peaks["http://container"] == 3  # reached, never passed
+        assert peaks["http://policy"] == 5
+        assert ray.get(limiter.in_use.remote()) == {}
+
+    def test_release_holder_frees_a_dead_holders_slots_once(self):
+        limiter = EndpointLimiter.remote({"k": 2})
+        assert ray.get([limiter.acquire.remote("k", "dead"), limiter.acquire.remote("k", "dead")]) == [True, True]
+        waiting = limiter.acquire.remote("k", "alive")
+        assert not ray.wait([waiting], timeout=0.5)[0]  # full
+        assert ray.get(limiter.release_holder.remote("dead")) == 2
+        assert ray.get(waiting, timeout=10) is True
+        # the dead holder's late calls change nothing: no slot given twice, none taken
+        ray.get(limiter.release.remote("k", "dead"))
+        assert ray.get(limiter.acquire.remote("k", "dead"), timeout=10) is False
+        assert ray.get(limiter.in_use.remote()) == {"k": 1}
+        assert ray.get(limiter.acquire.remote("k", "other"), timeout=10) is True
+        extra = limiter.acquire.remote("k", "third")
+        assert not ray.wait([extra], timeout=0.5)[0]  # still a limit of 2
+        ray.get(limiter.release_holder.remote("alive"))
+        assert ray.get(extra, timeout=10) is True
+
+        async def released_gate():
+            async with shared_gate(limiter, "k", holder="dead")():
+                pass
+
+        with pytest.raises(HolderReleased):
+            asyncio.run(released_gate())
+
+    def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
+        """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the
+        worker's handler. Both are recorded failed and the others finish; with a limit of one
+        slot per endpoint, a slot leaked by the dead worker would starve every later run."""
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+            raw = OmegaConf.to_container(compose(config_name="config", overrides=[
+                "models=scripted", f"evidence_root={tmp_path}", "ray.cpus_per_run=0.5", "ray.max_runs_in_flight=1"]),
+                resolve=True)
+        base = load_config(raw, base_dir=str(REPO))
+        runs = [PlannedRun(spec=run_spec(base.model_copy(update={"seed": s}), sweep="death", axes={"seed": str(s)}),
+                           max_error_rate=0.5) for s in (1, 0, 2, 3)]
+        endpoints = Endpoints(container_url="http://container", policy_url="http://policy",
+                              proposer_url="http://proposer")
+
+        @ray.remote
+        class DyingWorker:
+            """RunWorker's interface; holds the rollout gate the way a run does."""
+
+            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None):
+                spec = RunSpec.model_validate_json(spec_json)
+                ep = Endpoints.model_validate_json(endpoints_json)
+                gate = shared_gate(limiter, ep.container_url, ep.policy_url, holder=holder)
+
+                async def rollout():
+                    async with gate():
+                        if spec.seed == 1:
+                            os._exit(1)  # the worker process dies mid-rollout
+                        await asyncio.sleep(0.1)
+
+                try:
+                    asyncio.run(asyncio.wait_for(rollout(), 20))
+                except asyncio.TimeoutError:
+                    return RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="",
+                                      error="no endpoint slot within 20 s").model_dump_json()
+                if spec.seed == 2:
+                    raise ValueError("boom outside the worker's handler")
+                return RunOutcome(run_id=spec.run_id, status="done", evidence_dir=f"{log_dir}/{spec.run_id}",
+                                  rollouts=1).model_dump_json()
+
+        limiter = EndpointLimiter.remote({"http://container": 1, "http://policy": 1})
+        store = SweepStore(str(tmp_path), "death")
+        rows = {r.spec.run_id: _index_row(r.spec, "pending", None, 0) for r in runs}
+        _schedule(runs, {r.spec.run_id: endpoints for r in runs}, limiter, SweepBoard.remote(), base, store, rows,
+                  tmp_path / "logs", Console(file=io.StringIO()), DyingWorker)
+
+        by_seed = {row["seed"]: row for row in rows.values()}
+        assert by_seed[1]["status"] == "failed" and by_seed[1]["attempts"] == 2
+        assert by_seed[1]["error"].startswith("worker died twice")
+        assert by_seed[2]["status"] == "failed" and "ValueError: boom" in by_seed[2]["error"]
+        assert by_seed[0]["status"] == by_seed[3]["status"] == "done", by_seed
+        assert ray.get(limiter.in_use.remote()) == {}
+        on_disk = {r["seed"]: (r["status"], r["attempts"]) for r in index_rows(tmp_path / "death")}
+        assert on_disk == {1: ("failed", 2), 0: ("done", 1), 2: ("failed", 1), 3: ("done", 1)}
