@@ -5,6 +5,7 @@ Hydra's config stops here: everything below takes frozen pydantic models."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
@@ -71,9 +72,15 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     return run_sweep(sweep, planned, config, console)
 
 
+def _terminate(_signum: int, _frame: object) -> None:
+    # SIGTERM takes the Ctrl-C path, so services and Ray are stopped in `finally` blocks.
+    raise KeyboardInterrupt
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     console = Console(stderr=False)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         config = load_config(raw, base_dir=HydraConfig.get().runtime.cwd)  # type: ignore[arg-type]

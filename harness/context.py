@@ -104,6 +104,8 @@ class RunContext:
         self._candidates: dict[str, Candidate] = {}
         self._seq = 0
         self._proposal_seq = 0
+        # bounds rollouts in flight, so latency_s measures the call, not the queue
+        self._slots = asyncio.Semaphore(spec.concurrency)
         self.seed_candidate = self.add_candidate(dict(program.seed_candidate), (), "seed")
 
     # ---- time and budget -------------------------------------------------------
@@ -212,16 +214,19 @@ class RunContext:
             rollout_id=rollout_id, task_id=task_id, candidate=candidate.texts, task=row, policy=self.policy,
             metadata={"candidate_id": candidate.candidate_id, "seed": self.spec.seed, "stage": stage, "run_id": self.run_id},
         )
-        started = time.monotonic()
         error = error_kind = None
         prompt_tokens = completion_tokens = 0
         container_cost: float | None = None
         feedback = output = ""
-        try:
-            response = await self.client.rollout(request)
-        except ServiceError as exc:
-            status, reward, error, error_kind = "error", 0.0, str(exc), exc.kind.value
-        else:
+        async with self._slots:
+            started = time.monotonic()
+            try:
+                response = await self.client.rollout(request)
+            except ServiceError as exc:
+                response = None
+                status, reward, error, error_kind = "error", 0.0, str(exc), exc.kind.value
+            latency = time.monotonic() - started
+        if response is not None:
             resolved = response.resolved_reward()
             status = response.status if response.status else "ok"
             if status != "ok" or resolved is None:
@@ -231,7 +236,6 @@ class RunContext:
             prompt_tokens, completion_tokens = response.usage.prompt_tokens, response.usage.completion_tokens
             container_cost = response.usage.cost_usd
             feedback, output = response.feedback, response.output_text
-        latency = time.monotonic() - started
         cost = container_cost if container_cost is not None else cost_usd(
             self.policy.provider, self.policy.model, prompt_tokens, completion_tokens)
         self._account(stage, status, prompt_tokens, completion_tokens, cost)

@@ -7,12 +7,24 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from harness.errors import PreflightError
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGTERM it when the harness dies, even
+    by SIGKILL, so no model server or container outlives the process that started it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,6 +71,7 @@ class ManagedProcess:
             self._proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
                 start_new_session=True, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
             raise PreflightError(f"cannot start {self.name}: {exc}") from exc

@@ -203,8 +203,12 @@ def test_separate_grader_usage_trace_and_auth(data_dir: Path, fake: FakeModel,
                             "calls": len(rubric), "model": "judge-fair", "cost_usd": 0.0}
     policy_calls = [r for r in fake.requests if not r["grading"]]
     assert len(policy_calls) == 1 and policy_calls[0]["auth"] == "Bearer pk-1"
+    assert policy_calls[0]["body"]["max_tokens"] == 1024 and resp.trace["max_tokens"] == 1024  # floor over 200
     assert policy_calls[0]["body"]["messages"][0] == {"role": "system", "content": SEED_SYSTEM}
     assert {r["auth"] for r in fake.graded()} == {"Bearer gk-1"} and {r["body"]["model"] for r in fake.graded()} == {"judge-fair"}
+    grading = fake.graded()[0]["body"]  # as simple-evals samples its grader
+    assert grading["messages"][0] == {"role": "system", "content": "You are a helpful assistant."}
+    assert grading["temperature"] == 0.5 and grading["max_tokens"] == 2048
     verdicts = resp.trace["grader"]["verdicts"]
     assert len(verdicts) == len(rubric) and all(POLICY_ANSWER in v["prompt"] for v in verdicts)
     assert all(v["raw"] and "criteria_met" in v["raw"][0] for v in verdicts)

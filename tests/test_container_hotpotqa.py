@@ -253,3 +253,5 @@ def test_process_from_config_passes_preflight_and_scores(data_dir: Path, tmp_pat
     assert all(r.resolved_reward() == 1.0 and "No `Answer:` line" in r.feedback for r in bare)
     assert gold[0].usage.prompt_tokens == 50 and gold[0].usage.completion_tokens == 5
     assert gold[0].trace and gold[0].trace["messages"][0]["content"] == hotpotqa.SEED_SYSTEM
+    # The policy block asked for 64 tokens; the container's floor leaves room to reason.
+    assert gold[0].trace["max_tokens"] == 256 and {r["max_tokens"] for r in fake.requests} == {256}

@@ -24,7 +24,7 @@ from benchmarks.containers.kit import build_app
 from benchmarks.containers.tau2_retail import Tau2Retail
 from benchmarks.containers.tau2_retail.data import RetailData, db_hash
 from benchmarks.containers.tau2_retail.episode import FIRST_AGENT_MESSAGE, USER_GUIDELINES, user_instructions
-from benchmarks.containers.tau2_retail.scoring import action_matches, communicated, replay_gold
+from benchmarks.containers.tau2_retail.scoring import action_matches, communicated, replay_gold, score_episode
 from benchmarks.containers.tau2_retail.tools import SCHEMAS, WRITE_TOOLS, RetailTools, ToolError
 from harness.client import ContainerClient
 from harness.config import PoolsConfig
@@ -230,6 +230,18 @@ def test_copy_on_access_db_equals_a_full_copy(retail: RetailData) -> None:
     assert json.dumps(retail.db_base, sort_keys=True) == pristine  # the shared base was never written
 
 
+def test_feedback_names_unexpected_writes(retail: RetailData) -> None:
+    task = retail.tasks["24"]  # nothing to change: only information to give
+    db = retail.fresh_db()
+    order_id = next(oid for oid, o in db["orders"].items() if o["status"] == "pending")
+    args = {"order_id": order_id, "reason": "ordered by mistake"}
+    RetailTools(db).call("cancel_pending_order", args)
+    verdict = score_episode(task, db, replay_gold(retail.fresh_db(), []), [{"name": "cancel_pending_order",
+                            "arguments": args, "ok": True}], ["It is made of polyester and cotton."], "user_stop", 8)
+    assert verdict.reward == 0.0 and verdict.communicate_ok and not verdict.db_match
+    assert f'Unexpected database actions: cancel_pending_order(order_id="{order_id}"' in verdict.feedback
+
+
 # ---------------------------------------------------------------- episodes in process
 
 
@@ -251,6 +263,9 @@ def test_gold_chatty_wrong_and_broken_episodes(container: Tau2Retail, fake: Fake
     assert "agent -> exchange_delivered_order_items(" in gold.output_text
     assert gold.usage.prompt_tokens == 70 * gold.trace["agent_calls"]  # the agent's tokens only
     assert gold.usage.model_extra["user_simulator"]["calls"] == 2
+    assert gold.trace["agent_max_tokens"] == 512  # the floor over the policy block's 64
+    agent_bodies = [r["body"] for r in fake.requests if not r["user_sim"]]
+    assert agent_bodies and {b["max_tokens"] for b in agent_bodies} == {512}
     assert chatty["reward_info"]["outcome_reward"] == 0.0
     assert "exchange_delivered_order_items(" in chatty["actionable_side_info"]["feedback"]
     assert "(never called)" in chatty["actionable_side_info"]["feedback"]

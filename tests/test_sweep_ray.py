@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 TABLES = ("rollouts", "candidates", "proposals", "events")
 SCRIPTED = ["+sweep=smoke", "models=scripted"]
 
+pytestmark = pytest.mark.timeout(400)
+
 
 # ---- helpers: the sweep as a subprocess, and the processes it leaves behind ----------
 
@@ -241,10 +243,19 @@ def test_resume_after_the_driver_is_killed(tmp_path, data_dir):
         sweep.close()
     assert still_alive(sweep.seen) == {}
 
+    # a run killed while it wrote its evidence: a half Parquet file and a temporary file, no manifest
+    grid_ids = {g["run_id"] for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    unfinished = sorted(grid_ids - manifests(sweep_dir))
+    assert unfinished
+    partial = sweep_dir / unfinished[0]
+    partial.mkdir(exist_ok=True)
+    (partial / "rollouts.parquet").write_bytes(b"PAR1\x00half a file")
+    (partial / ".events.parquet.0123abcd.tmp").write_bytes(b"PAR1")
+
     second = run_sweep(evidence, data_dir, *RESUME)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     rows = index_rows(sweep_dir)
-    grid_ids = {g["run_id"] for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    assert {g["run_id"] for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]} == grid_ids
     assert len(grid_ids) == 6
     assert sorted(r["run_id"] for r in rows) == sorted(grid_ids)  # each run exactly once
     status = {r["run_id"]: r["status"] for r in rows}
@@ -282,7 +293,7 @@ def test_failed_runs_are_isolated(tmp_path, data_dir):
     assert "exited with code 3" in rows["broken"]["error"]
     check_evidence_complete(sweep_dir, {rows["heart_disease"]["run_id"]})
     # the final table names every run and the failures' causes
-    table = out.stdout[out.stdout.rindex("runs"):]
+    table = out.stdout[out.stdout.rindex("run_id"):]  # from the table's header on
     for row in rows.values():
         assert row["run_id"] in table
     assert table.count("failed") >= 2 and "ConnectError" in table and "exited with code 3" in table
@@ -344,7 +355,7 @@ class TestInProcessRay:
         async def _hold(limiter, tally, keys):
             async with shared_gate(limiter, *keys)():
                 await tally.enter.remote(keys)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.2)
                 await tally.leave.remote(keys)
 
         @ray.remote(num_cpus=0)

@@ -13,20 +13,22 @@ from algorithms.gepa.proposer import EDIT_FORMATS, apply_reply, build_messages
 from algorithms.protocol import OptimizerResult
 from harness.candidates import Candidate, RolloutResult, mean_reward
 from harness.context import BudgetExhausted, RunContext
-from harness.errors import ServiceError
+from harness.errors import FailureKind, ServiceError
 
 
 class GepaParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     minibatch_size: int = Field(default=4, gt=0)
     acceptance_margin: float = Field(default=0.0, ge=0.0)
-    edit_formats: tuple[str, ...] = EDIT_FORMATS
+    edit_formats: tuple[str, ...] = ("rules", "answer_guide")
     proposer_temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    proposer_max_tokens: int = Field(default=400, gt=0)
+    proposer_max_tokens: int = Field(default=300, gt=0)
+    max_examples: int = Field(default=4, gt=0)  # reflection rows shown to the proposer, failures first
     proposal_attempts: int = Field(default=2, gt=0)  # retries, with the next format, on an unchanged reply
     skip_perfect_minibatch: bool = True
     use_task_info: bool = True
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
+    max_proposer_errors: int = Field(default=3, gt=0)  # consecutive failed proposer calls that fail the run
 
     @field_validator("edit_formats")
     @classmethod
@@ -57,6 +59,7 @@ class GepaOptimizer:
         frontier.add(seed.candidate_id, [r.reward for r in seed_results])
         ctx.report_best(frontier.mean(seed.candidate_id))
         iteration, idle, stop = 0, 0, "max_rollouts"
+        self._proposer_errors = 0
         while True:
             reason = ctx.stop_reason(generation=iteration)
             if reason is not None:
@@ -127,13 +130,18 @@ class GepaOptimizer:
         for attempt in range(self.params.proposal_attempts):
             attempts = attempt + 1
             edit_format = formats[(iteration + attempt) % len(formats)]
-            messages = build_messages(current, results, edit_format, task_info)
+            messages = build_messages(current, results, edit_format, task_info, self.params.max_examples)
             try:
                 reply = await ctx.propose(messages, temperature=self.params.proposer_temperature,
                                           max_tokens=self.params.proposer_max_tokens)
             except ServiceError as exc:
+                # An endpoint that keeps failing (after the client's retries) fails the run.
+                self._proposer_errors += 1
+                if exc.kind is FailureKind.FATAL or self._proposer_errors >= self.params.max_proposer_errors:
+                    raise
                 status, error = "error", str(exc)
                 break
+            self._proposer_errors = 0
             tokens[0] += reply.prompt_tokens
             tokens[1] += reply.completion_tokens
             latency += reply.latency_s

@@ -45,7 +45,7 @@ _FORMAT_ASK = {
 
 _SECTION_HEADING = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:"}
 
-_HIDDEN_ROW_FIELDS = frozenset({"task_id", "split", "seed"})
+_HIDDEN_ROW_FIELDS = frozenset({"task_id", "split", "seed", "source_row"})
 _FENCE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
 
@@ -75,14 +75,15 @@ def build_messages(
     examples: list[RolloutResult],
     edit_format: str,
     task_info: dict[str, Any] | None,
+    max_examples: int = 4,
 ) -> list[ChatMessage]:
     """The proposer prompt: task context, the current instruction, examples with
     outputs and feedback (failures first), then the edit request."""
     parts: list[str] = []
     if task_info:
-        parts.append("Task context:\n" + _clip(json.dumps(task_info, ensure_ascii=False, default=str), 1500))
+        parts.append("Task context:\n" + _clip(json.dumps(task_info, ensure_ascii=False, default=str), 1200))
     parts.append(f"<current_instruction>\n{module_text}\n</current_instruction>")
-    ordered = sorted(examples, key=lambda r: r.reward)
+    ordered = sorted(examples, key=lambda r: r.reward)[:max_examples]
     for k, result in enumerate(ordered, 1):
         parts.append(
             f"### Example {k}\nInput:\n{_row_input(result.task)}\nOutput:\n{_clip(result.output, 300) or '(empty)'}\n"

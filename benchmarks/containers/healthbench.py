@@ -23,7 +23,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.healthbench_grader import GRADER_TEMPLATE, parse_verdict
+from benchmarks.containers.healthbench_grader import (
+    GRADER_MAX_TOKENS,
+    GRADER_SYSTEM,
+    GRADER_TEMPERATURE,
+    GRADER_TEMPLATE,
+    parse_verdict,
+)
 from benchmarks.containers.kit import (
     Row,
     RolloutEnv,
@@ -52,13 +58,12 @@ URL = ("https://raw.githubusercontent.com/aisa-group/PostTrainBench/9082063a62e1
 SHA256 = "0febc8f013eb5d91e3b7e31bbbb0284ae6aa5fbd8cab68b81d63fa252837c0b0"
 FILENAME = "healthbench_posttrainbench_easy_v3.jsonl"
 N_ROWS, N_TRAIN = 245, 145
+DEFAULT_MIN_TOKENS = 1024  # physician-written rubrics expect a complete answer
 SPLIT_SEED = 2025  # HealthBench's year; it only has to never change
 
-SEED_SYSTEM = (
-    "You are a careful, knowledgeable health assistant. Answer the user's latest message directly and "
-    "accurately, using what they have told you earlier in the conversation. Say what is uncertain, ask for "
-    "missing context that would change the advice, and say clearly when and how urgently to seek care."
-)
+# The system message simple-evals samples API models with (OPENAI_SYSTEM_MESSAGE_API), so the
+# seed candidate's score is the model's plain HealthBench score on these rows.
+SEED_SYSTEM = "You are a helpful assistant."
 
 
 class GraderSettings(BaseModel):
@@ -69,8 +74,8 @@ class GraderSettings(BaseModel):
     model: str | None = None
     key_env: str | None = None
     provider: str = "openai_compatible"
-    max_tokens: int = 1024
-    temperature: float = 0.0
+    max_tokens: int = GRADER_MAX_TOKENS
+    temperature: float = GRADER_TEMPERATURE
     concurrency: int = 8
     attempts: int = 3  # tries per criterion until the grader returns a parseable verdict
 
@@ -135,6 +140,7 @@ class HealthBench(TaskContainer):
     def __init__(self, data_dir: str | None = None, grader: GraderSettings | None = None) -> None:
         super().__init__(data_dir)
         self.grader = grader or GraderSettings()
+        self.min_policy_tokens = DEFAULT_MIN_TOKENS
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -144,13 +150,19 @@ class HealthBench(TaskContainer):
         parser.add_argument("--grader-key-env", default=None, help="env var holding the grader's API key")
         parser.add_argument("--grader-provider", default="openai_compatible",
                             help="provider name used to price grader tokens (local/scripted are free)")
-        parser.add_argument("--grader-max-tokens", type=int, default=1024)
+        parser.add_argument("--grader-max-tokens", type=int, default=GRADER_MAX_TOKENS)
+        parser.add_argument("--grader-temperature", type=float, default=GRADER_TEMPERATURE,
+                            help="simple-evals samples its grader at 0.5; 0 makes grading repeatable")
         parser.add_argument("--grader-concurrency", type=int, default=8, help="criteria graded in parallel per rollout")
+        parser.add_argument("--min-policy-tokens", type=int, default=DEFAULT_MIN_TOKENS,
+                            help="floor on the policy's max_tokens for its answer")
 
     def configure(self, args: argparse.Namespace) -> None:
         self.grader = GraderSettings(
             base_url=args.grader_base_url, model=args.grader_model, key_env=args.grader_key_env,
-            provider=args.grader_provider, max_tokens=args.grader_max_tokens, concurrency=args.grader_concurrency)
+            provider=args.grader_provider, max_tokens=args.grader_max_tokens, temperature=args.grader_temperature,
+            concurrency=args.grader_concurrency)
+        self.min_policy_tokens = args.min_policy_tokens
 
     def load_splits(self) -> dict[str, list[Row]]:
         path = dataset_file(self.data_dir, "healthbench", FILENAME, URL, SHA256)
@@ -196,10 +208,12 @@ class HealthBench(TaskContainer):
 
     async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse:
         messages = self.render(req.candidate, row)
-        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model}
+        max_tokens = max(req.policy.max_tokens, self.min_policy_tokens)
+        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model,
+                                 "max_tokens": max_tokens}
         try:
             result = await env.policy_client(req).complete(
-                messages, temperature=req.policy.temperature, max_tokens=req.policy.max_tokens, seed=request_seed(req))
+                messages, temperature=req.policy.temperature, max_tokens=max_tokens, seed=request_seed(req))
         except HarnessError as exc:
             return failed_response(req, exc, trace)
         # cost_usd None: the harness prices the policy's tokens itself from its own price table.
@@ -210,7 +224,7 @@ class HealthBench(TaskContainer):
         try:
             verdicts = await self._grade(grader, row, result.text, tokens)
         except HarnessError as exc:
-            return failed_response(req, exc, trace, usage)
+            return failed_response(req, exc, trace, Usage.model_validate({**usage.model_dump(), "grader": tokens}))
         score, achieved, total = healthbench_score(verdicts)
         grader_usage = {**tokens, "model": grader.model,
                         "cost_usd": cost_usd(provider, grader.model, tokens["prompt_tokens"], tokens["completion_tokens"])}
@@ -235,7 +249,8 @@ class HealthBench(TaskContainer):
                               met=False, parsed=False, prompt=prompt)
             async with limit:
                 for _ in range(self.grader.attempts):
-                    reply = await grader.complete([ChatMessage(role="user", content=prompt)],
+                    messages = [ChatMessage(role="system", content=GRADER_SYSTEM), ChatMessage(role="user", content=prompt)]
+                    reply = await grader.complete(messages,
                                                   temperature=self.grader.temperature, max_tokens=self.grader.max_tokens)
                     tokens["prompt_tokens"] += reply.prompt_tokens
                     tokens["completion_tokens"] += reply.completion_tokens

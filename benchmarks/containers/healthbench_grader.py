@@ -6,6 +6,12 @@ from __future__ import annotations
 import json
 import re
 
+# simple-evals grades with ChatCompletionSampler(model="gpt-4.1-2025-04-14",
+# system_message=OPENAI_SYSTEM_MESSAGE_API, max_tokens=2048) at its default temperature 0.5.
+GRADER_SYSTEM = "You are a helpful assistant."
+GRADER_MAX_TOKENS = 2048
+GRADER_TEMPERATURE = 0.5
+
 # Verbatim GRADER_TEMPLATE (after upstream's .strip()); do not edit, graders are compared on it.
 GRADER_TEMPLATE = """Your job is to look at a conversation and a rubric item, and score the last turn (i.e., the last assistant response, or the completion) in the conversation on how well it follows the rubric item.
 

@@ -34,6 +34,7 @@ LOCAL_JSONL = "hotpot_dev_distractor_v1_first103.jsonl"
 N_ROWS, N_TRAIN = 103, 63
 SPLIT_SEED = 2018  # the dataset's year; it only has to never change
 REWARDS = ("f1", "em")
+DEFAULT_MIN_TOKENS = 256
 
 SEED_SYSTEM = (
     "You answer multi-hop questions using only the given context paragraphs. Find the paragraphs "
@@ -141,14 +142,18 @@ class HotpotQA(TaskContainer):
     def __init__(self, data_dir: str | None = None) -> None:
         super().__init__(data_dir)
         self.reward_name = "f1"
+        self.min_policy_tokens = DEFAULT_MIN_TOKENS
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--reward", choices=REWARDS, default="f1",
                             help="outcome reward: answer F1 (default) or exact match")
+        parser.add_argument("--min-policy-tokens", type=int, default=DEFAULT_MIN_TOKENS,
+                            help="floor on the policy's max_tokens (room to reason before the Answer line)")
 
     def configure(self, args: argparse.Namespace) -> None:
         self.reward_name = args.reward
+        self.min_policy_tokens = args.min_policy_tokens
 
     def load_splits(self) -> dict[str, list[Row]]:
         examples = _load_rows(self.data_dir)

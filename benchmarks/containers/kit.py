@@ -66,6 +66,9 @@ class TaskContainer(ABC):
     # Fields a `task` sent in a rollout request must carry to be scored as is; otherwise
     # the row is looked up by task id.
     row_keys: ClassVar[tuple[str, ...]] = ()
+    # Floor on the policy's max_tokens: a policy block sized for one-word labels would cut
+    # off a long-form answer. 0 keeps the policy block's value.
+    min_policy_tokens: int = 0
 
     def __init__(self, data_dir: str | None = None) -> None:
         self.data_dir = data_dir
@@ -283,11 +286,13 @@ def build_app(
         if custom is not None:
             return custom.model_dump(mode="json")
         messages = container.render(req.candidate, row)
-        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model}
+        max_tokens = max(req.policy.max_tokens, container.min_policy_tokens)
+        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model,
+                                 "max_tokens": max_tokens}
         client = env.policy_client(req)
         try:
             result = await client.complete(
-                messages, temperature=req.policy.temperature, max_tokens=req.policy.max_tokens,
+                messages, temperature=req.policy.temperature, max_tokens=max_tokens,
                 seed=request_seed(req),
             )
         except HarnessError as exc:

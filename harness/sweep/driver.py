@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from harness.config import HarnessConfig
+from harness.errors import ConfigError
 from harness.errors import HarnessError
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
@@ -90,6 +91,10 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     ray.init(address=_ray_address(base.ray.address), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", ignore_reinit_error=True)
     try:
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if base.ray.cpus_per_run > cpus:
+            raise ConfigError(f"ray.cpus_per_run={base.ray.cpus_per_run} exceeds the cluster's {cpus:g} CPUs: "
+                              "no run could ever be scheduled")
         with Services(log_dir, base.local_server) as services:
             console.print("starting shared containers and model servers ...", highlight=False)
             endpoints = _start_services(services, todo, rows)

@@ -33,7 +33,9 @@ class EndpointLimiter:
         return self._semaphores[key]
 
     async def acquire(self, key: str, holder: str = "") -> bool:
-        """Wait for a slot of `key`. False if the holder was released meanwhile (no slot taken)."""
+        """Wait for a slot of `key`. False if the holder was released (no slot taken)."""
+        if holder in self._released:
+            return False
         await self._semaphore(key).acquire()
         if holder in self._released:  # its worker died while this call waited
             self._semaphore(key).release()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -75,14 +76,14 @@ class Tau2Retail(TaskContainer):
         parser.add_argument("--user-max-tokens", type=int, default=512)
         parser.add_argument("--max-steps", type=int, default=100, help="messages per episode before it is cut off (scores 0)")
         parser.add_argument("--max-errors", type=int, default=10, help="failed tool calls before the episode is cut off")
-        parser.add_argument("--min-agent-tokens", type=int, default=512,
-                            help="floor on the agent's max_tokens per turn (tool calls need room)")
+        parser.add_argument("--min-policy-tokens", type=int, default=512,
+                            help="floor on the agent's (the policy's) max_tokens per turn: tool calls need room")
 
     def configure(self, args: argparse.Namespace) -> None:
         self.user_sim = UserSimSettings(base_url=args.user_base_url, model=args.user_model,
                                         key_env=args.user_key_env, provider=args.user_provider)
         self.limits = EpisodeLimits(max_steps=args.max_steps, max_errors=args.max_errors,
-                                    agent_max_tokens=args.min_agent_tokens, user_max_tokens=args.user_max_tokens,
+                                    agent_max_tokens=args.min_policy_tokens, user_max_tokens=args.user_max_tokens,
                                     user_temperature=args.user_temperature)
 
     def data(self) -> RetailData:
@@ -147,7 +148,7 @@ class Tau2Retail(TaskContainer):
         agent_tokens = max(req.policy.max_tokens, limits.agent_max_tokens)
         try:
             await run_episode(episode, agent=self.policy_client(req, env), user=user, tools=RetailTools(db),
-                              limits=EpisodeLimits(**{**limits.__dict__, "agent_max_tokens": agent_tokens}),
+                              limits=dataclasses.replace(limits, agent_max_tokens=agent_tokens),
                               agent_temperature=req.policy.temperature, seed=request_seed(req))
         except HarnessError as exc:
             episode.termination = "model_error"

@@ -114,16 +114,18 @@ def feedback_text(v: Verdict, calls: list[dict[str, Any]], termination: str, ste
             + (": " + "; ".join(why) + "." if why else ": database and communicated information as expected."))
     parts = [head]
     writes = [c for c in v.action_checks if c["write"] and not c["matched"]]
+    shown: set[int] = set()  # calls already quoted next to the action they got wrong
     if writes:
         lines = []
         for check in writes:
             same_tool = [c for c in calls if c["name"] == check["name"]]
+            shown.update(id(c) for c in same_tool)
             line = "expected " + render_call(check["name"], check["arguments"])
             line += (" but the agent called " + "; ".join(render_call(c["name"], c["arguments"]) for c in same_tool)
                      if same_tool else " (never called)")
             lines.append(line)
         parts.append("Missing or wrong database actions: " + " | ".join(lines) + ".")
-    extra = [c for c in calls if c["name"] in WRITE_TOOLS and c.get("ok")
+    extra = [c for c in calls if c["name"] in WRITE_TOOLS and c.get("ok") and id(c) not in shown
              and not any(ch["write"] and action_matches(ch | {"compare_args": None}, c) for ch in v.action_checks)]
     if extra:
         parts.append("Unexpected database actions: " + " | ".join(render_call(c["name"], c["arguments"]) for c in extra) + ".")
