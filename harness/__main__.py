@@ -33,11 +33,13 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
                   f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
                   highlight=False)
-    with Services(log_dir, config.local_server) as services:
+    with Services(log_dir, config.local_server, gateway=config.gateway) as services:
         console.print("starting container and model servers ...", highlight=False)
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
-        with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts) as bar:
-            outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate))
+        with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts,
+                            live_usage=config.gateway.live_usage) as bar:
+            outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
+                                              restart_container=services.restarter(endpoints.container_url)))
     print_outcome(console, outcome, len(spec.pools.heldout))
     return 0 if outcome.status == "done" else 1
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Callable, TypeVar
 
@@ -23,7 +22,15 @@ from harness.contract import (
     TasksRequest,
     TasksResponse,
 )
-from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError, classify_status
+from harness.errors import (
+    ConfigError,
+    ContractViolation,
+    FailureKind,
+    ServiceError,
+    Unreachable,
+    classify_status,
+    redact,
+)
 from harness.llm import RetryPolicy, _retry_after_seconds
 
 M = TypeVar("M", bound=BaseModel)
@@ -60,36 +67,42 @@ class ContainerClient:
             timeout=timeout_s, limits=httpx.Limits(max_connections=max(concurrency, 1) * 2)
         )
 
-    def _headers(self) -> dict[str, str]:
+    def _key(self) -> str | None:
         if not self.api_key_env:
-            return {}
+            return None
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ConfigError(f"environment variable {self.api_key_env} is not set (container key for {self.base_url})")
-        return {"Authorization": f"Bearer {key}"}
+        return key
 
     async def _call(self, method: str, route: str, model: type[M], body: Any = None) -> M:
         url = f"{self.base_url}{route}"
-        last_error, kind = "no attempt made", FailureKind.TRANSIENT
+        key = self._key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        last_error, kind, refused = "no attempt made", FailureKind.TRANSIENT, False
         async with self._limit:
             for attempt in range(self.retry.attempts):
                 wait: float | None = None
                 try:
-                    response = await self._http.request(method, url, json=body, headers=self._headers())
+                    response = await self._http.request(method, url, json=body, headers=headers)
                 except (httpx.TimeoutException, httpx.TransportError) as exc:
                     last_error, kind = f"{type(exc).__name__}", FailureKind.TRANSIENT
+                    refused = isinstance(exc, httpx.ConnectError)
                 else:
+                    refused = False
                     if response.status_code == 200:
                         return self._parse(route, response, model)
                     kind = classify_status(response.status_code)
-                    last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+                    last_error = f"HTTP {response.status_code}: {redact(response.text[:200], key)}"
                     if kind is FailureKind.FATAL:
                         break
                     wait = _retry_after_seconds(response)
                 if attempt + 1 < self.retry.attempts:
-                    backoff = min(self.retry.max_delay_s, self.retry.base_delay_s * 2**attempt)
-                    await asyncio.sleep(wait if wait is not None else backoff * (0.5 + random.random()))
-        raise ServiceError(f"{method} {route} failed ({kind.value}): {last_error}", kind)
+                    await asyncio.sleep(self.retry.delay(attempt, wait))
+        message = f"{method} {route} failed ({kind.value}): {last_error}"
+        if refused:  # nothing listens at the url any more (e.g. the container process died)
+            raise Unreachable(message)
+        raise ServiceError(message, kind)
 
     @staticmethod
     def _parse(route: str, response: httpx.Response, model: type[M]) -> M:

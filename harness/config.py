@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError
+from harness.gateway.models import GatewaySettings
 from harness.services import LocalServerOptions
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, PoolSpec, RunSpec
 
@@ -52,6 +53,7 @@ class HarnessConfig(BaseModel):
     data_dir: str | None = None
     local_server: LocalServerOptions = LocalServerOptions()
     ray: RayConfig = RayConfig()
+    gateway: GatewaySettings = GatewaySettings()
     sweep: dict[str, Any] | None = None
 
 

@@ -5,22 +5,26 @@ from __future__ import annotations
 import difflib
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.context import Progress as RunProgress
+from harness.gateway.session import live_usage_text
 from harness.run import RunOutcome
 
 
 class RunProgressBar:
     """Rollouts done / budget, best pareto score so far, tokens."""
 
-    def __init__(self, console: Console, label: str, budget: int):
+    def __init__(self, console: Console, label: str, budget: int, *, live_usage: bool = False):
+        # live usage: the gateway's running cost and tokens, policy vs proposer
+        usage = [TextColumn("{task.fields[usage]}", markup=False)] if live_usage else []
         self._bar = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rollouts"),
             TextColumn("best {task.fields[best]}"), TextColumn("{task.fields[tokens]} tokens"),
-            TextColumn("[dim]{task.fields[stage]}"), TimeElapsedColumn(), console=console, transient=False,
+            TextColumn("[dim]{task.fields[stage]}"), TimeElapsedColumn(), *usage, console=console, transient=False,
         )
-        self._task = self._bar.add_task(label, total=budget, best="-", tokens=0, stage="preflight")
+        self._task = self._bar.add_task(label, total=budget, best="-", tokens=0, stage="preflight", usage="")
 
     def __enter__(self) -> "RunProgressBar":
         self._bar.start()
@@ -32,7 +36,7 @@ class RunProgressBar:
     def __call__(self, progress: RunProgress) -> None:
         best = "-" if progress.best_score is None else f"{progress.best_score:.3f}"
         self._bar.update(self._task, completed=progress.rollouts, best=best, tokens=progress.tokens,
-                         stage=progress.stage)
+                         stage=progress.stage, usage=live_usage_text(progress.spend))
 
 
 def prompt_diff(before: dict[str, str], after: dict[str, str]) -> str:
@@ -52,7 +56,8 @@ def _score(value: float | None) -> str:
 def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> None:
     console.rule(f"run {outcome.run_id}: {outcome.status}")
     if outcome.error:
-        console.print(f"[red]error:[/red] {outcome.error}", markup=True, highlight=False)
+        # the error text comes from services and models: data, never markup
+        console.print(f"[red]error:[/red] {escape(outcome.error)}", markup=True, highlight=False)
     console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)} -> best "
                   f"{_score(outcome.best_heldout)} ({outcome.best_candidate_id})", highlight=False)
     cost = "unknown" if outcome.cost_usd is None else f"${outcome.cost_usd:.4f}"

@@ -9,15 +9,18 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from harness.candidates import Candidate, RolloutResult, digest_of
 from harness.client import ContainerClient
 from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
-from harness.errors import HarnessError, ServiceError
+from harness.errors import HarnessError, ServiceError, Unreachable
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.pricing import cost_usd
 from harness.specs import RunSpec
+
+if TYPE_CHECKING:
+    from harness.gateway.session import GatewaySession
 
 OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
 
@@ -46,6 +49,7 @@ class Usage:
     proposer_calls: int = 0
     cost_usd: float = 0.0
     cost_unknown: bool = False
+    budget_refused: bool = False  # the gateway refused a call that would cross max_cost_usd
 
     @property
     def tokens(self) -> int:
@@ -68,6 +72,7 @@ class Progress:
     best_score: float | None
     tokens: int
     stage: str
+    spend: Any = None  # the gateway's RunSpend (policy vs proposer), when the run goes through one
 
 
 class RunContext:
@@ -82,6 +87,8 @@ class RunContext:
         rows: dict[str, dict[str, Any]] | None = None,
         observer: Callable[[Progress], None] | None = None,
         max_error_rate: float = 0.5,
+        restart_container: Callable[[], Awaitable[None]] | None = None,
+        gateway: "GatewaySession | None" = None,
     ):
         self.spec = spec
         self.run_id = spec.run_id
@@ -106,6 +113,14 @@ class RunContext:
         self._proposal_seq = 0
         # bounds rollouts in flight, so latency_s measures the call, not the queue
         self._slots = asyncio.Semaphore(spec.concurrency)
+        # a container that stops answering (its process died) is restarted once per run
+        self._restart_container = restart_container
+        # model calls go through the inference gateway: per-rollout URLs, metered cost
+        self.gateway = gateway
+        self._restart_lock = asyncio.Lock()
+        self._container_generation = 0
+        self._container_restarts = 0
+        self._container_lost: str | None = None
         self.seed_candidate = self.add_candidate(dict(program.seed_candidate), (), "seed")
 
     # ---- time and budget -------------------------------------------------------
@@ -117,7 +132,7 @@ class RunContext:
         budget = self.spec.budget
         if budget.max_wall_s is not None and self.elapsed() >= budget.max_wall_s:
             return "max_wall_s"
-        if budget.max_cost_usd is not None and self.usage.cost_usd >= budget.max_cost_usd:
+        if budget.max_cost_usd is not None and (self.usage.cost_usd >= budget.max_cost_usd or self.usage.budget_refused):
             return "max_cost_usd"
         if budget.max_generations is not None and generation is not None and generation >= budget.max_generations:
             return "max_generations"
@@ -193,13 +208,24 @@ class RunContext:
                 raise BudgetExhausted(reason)
         if todo:
             await self._rows_for(todo)
+            if self.gateway is not None:
+                await self.gateway.announce({self.rollout_id(candidate, t): candidate.candidate_id for t in todo},
+                                            {candidate.candidate_id: candidate.texts}, budgeted=optimizing)
             seqs = list(range(self._seq, self._seq + len(todo)))
             self._seq += len(todo)
             results = await asyncio.gather(
                 *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
             )
+            refused = await self.sync_spend() if self.gateway is not None else set()
             for task_id, result in zip(todo, results):
-                self._cache[(candidate.digest, task_id)] = result
+                if self.rollout_id(candidate, task_id) in refused:
+                    self._mark_refused(self.rollout_id(candidate, task_id))  # not run: neither cached nor failed
+                else:
+                    self._cache[(candidate.digest, task_id)] = result
+            if refused:
+                raise BudgetExhausted("max_cost_usd")
+            if self._container_lost is not None:
+                raise RunFailed(self._container_lost)
             self._check_error_rate()
             self._notify(stage)
         return [self._cache[(candidate.digest, t)] for t in task_ids]
@@ -209,9 +235,10 @@ class RunContext:
 
     async def _rollout(self, candidate: Candidate, task_id: str, stage: str, seq: int) -> RolloutResult:
         row = self._rows[task_id]
-        rollout_id = f"{self.run_id}-{candidate.candidate_id}-{task_id}"
+        rollout_id = self.rollout_id(candidate, task_id)
+        policy = self.gateway.policy_block(self.policy, rollout_id) if self.gateway is not None else self.policy
         request = RolloutRequest(
-            rollout_id=rollout_id, task_id=task_id, candidate=candidate.texts, task=row, policy=self.policy,
+            rollout_id=rollout_id, task_id=task_id, candidate=candidate.texts, task=row, policy=policy,
             metadata={"candidate_id": candidate.candidate_id, "seed": self.spec.seed, "stage": stage, "run_id": self.run_id},
         )
         error = error_kind = None
@@ -221,7 +248,7 @@ class RunContext:
         async with self._slots:
             started = time.monotonic()
             try:
-                response = await self.client.rollout(request)
+                response = await self._send(request)
             except ServiceError as exc:
                 response = None
                 status, reward, error, error_kind = "error", 0.0, str(exc), exc.kind.value
@@ -248,6 +275,43 @@ class RunContext:
         })
         return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=reward, status=status,
                              error=error, feedback=feedback, output=output, task=row)
+
+    async def _send(self, request: RolloutRequest) -> Any:
+        """One rollout call. When the container refuses the connection (its process died),
+        restart it through the hook and send the same request once more."""
+        generation = self._container_generation
+        try:
+            return await self.client.rollout(request)
+        except Unreachable as exc:
+            if not await self._revive_container(generation, str(exc)):
+                raise
+        return await self.client.rollout(request)
+
+    async def _revive_container(self, generation: int, error: str) -> bool:
+        """True when the container answers again (restarted by this call or by a concurrent
+        rollout since `generation`); False, with the run marked lost, when it cannot be."""
+        async with self._restart_lock:
+            if self._container_lost is not None:
+                return False
+            if self._container_generation != generation:
+                return True  # another rollout restarted it while this one waited
+            name = self.spec.container.name
+            if self._restart_container is None:
+                self._container_lost = f"container {name} stopped answering and cannot be restarted: {error}"
+            elif self._container_restarts >= 1:
+                self._container_lost = f"container {name} stopped answering again after a restart: {error}"
+            else:
+                self._container_restarts += 1
+                self.event("container_restart", f"container {name} stopped answering; restarting it", error=error)
+                try:
+                    await self._restart_container()
+                except HarnessError as exc:
+                    self._container_lost = f"container {name} stopped answering and the restart failed: {exc}"
+                else:
+                    self._container_generation += 1
+                    self.event("container_restarted", f"container {name} answers again")
+                    return True
+            return False
 
     def _account(self, stage: str, status: str, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
         usage = self.usage
@@ -280,8 +344,14 @@ class RunContext:
         if reason in ("max_cost_usd", "max_wall_s"):
             raise BudgetExhausted(reason)
         # A seed drawn from the run's RNG keeps sampled proposals reproducible.
-        result = await self.proposer_client.complete(
-            messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))
+        client = self.gateway.proposer_client(self.proposer_client) if self.gateway is not None else self.proposer_client
+        try:
+            result = await client.complete(
+                messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))
+        except ServiceError:
+            if self.gateway is not None and self.gateway.last_proposer_scope in await self.sync_spend():
+                raise BudgetExhausted("max_cost_usd") from None
+            raise
         cost = self.proposer_cost(result.prompt_tokens, result.completion_tokens)
         self.usage.proposer_calls += 1
         self.usage.proposer_prompt_tokens += result.prompt_tokens
@@ -290,7 +360,31 @@ class RunContext:
             self.usage.cost_unknown = True
         else:
             self.usage.cost_usd += cost
+        if self.gateway is not None:
+            await self.sync_spend()
         return result
+
+    # ---- gateway -----------------------------------------------------------------
+
+    def rollout_id(self, candidate: Candidate, task_id: str) -> str:
+        return f"{self.run_id}-{candidate.candidate_id}-{task_id}"
+
+    async def sync_spend(self) -> set[str]:
+        """Take the run's cost from the gateway, which meters every call (graders and user
+        simulators too); returns the scopes it refused since the last look."""
+        assert self.gateway is not None
+        refused = await self.gateway.refresh()
+        spend = self.gateway.spend
+        self.usage.cost_usd = spend.cost_usd
+        self.usage.cost_unknown = self.usage.cost_unknown or spend.unknown_cost_calls > 0
+        self.usage.budget_refused = self.usage.budget_refused or bool(refused)
+        return refused
+
+    def _mark_refused(self, rollout_id: str) -> None:
+        row = next(r for r in reversed(self.evidence.rollouts) if r["rollout_id"] == rollout_id)
+        if row["status"] != "ok":
+            self.usage.failed_rollouts -= 1
+        row.update(status="refused", error_kind="budget")
 
     def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         return cost_usd(self.spec.proposer.provider, self.spec.proposer.model, prompt_tokens, completion_tokens)
@@ -305,6 +399,8 @@ class RunContext:
         row.update(fields)
         row.update({"run_id": self.run_id, "proposal_id": proposal_id})
         self.evidence.proposals.append(row)
+        if self.gateway is not None:
+            self.gateway.assign_proposal(proposal_id)
         return proposal_id
 
     # ---- events and progress ---------------------------------------------------------
@@ -322,4 +418,4 @@ class RunContext:
     def _notify(self, stage: str) -> None:
         if self.observer is not None:
             self.observer(Progress(self.usage.rollouts, self.spec.budget.max_rollouts, self.best_score,
-                                   self.usage.tokens, stage))
+                                   self.usage.tokens, stage, self.gateway.spend if self.gateway else None))

@@ -31,11 +31,31 @@ class ServiceError(HarnessError):
         self.kind = kind
 
 
+class Unreachable(ServiceError):
+    """The endpoint refused the connection on the last attempt: nothing listens there (a
+    container process that died, a model server that is down)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, FailureKind.TRANSIENT)
+
+
 class ContractViolation(ServiceError):
     """A container answered with a body that does not fit the contract."""
 
     def __init__(self, message: str):
         super().__init__(message, FailureKind.FATAL)
+
+
+REDACTED = "***"
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """`text` with every non-empty secret replaced: a remote error body may echo the
+    request's Authorization header, and error text reaches logs and evidence."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def classify_status(status_code: int) -> FailureKind:

@@ -7,6 +7,7 @@ is read from a named environment variable at call time and never stored in a mod
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import time
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from harness.errors import ConfigError, FailureKind, ServiceError, classify_status
+from harness.errors import ConfigError, FailureKind, ServiceError, classify_status, redact
 
 
 class ChatMessage(BaseModel):
@@ -39,6 +40,16 @@ class RetryPolicy(BaseModel):
     attempts: int = 4
     base_delay_s: float = 0.5
     max_delay_s: float = 20.0
+    # a server's Retry-After is honoured up to this: a quota reset hours away fails the
+    # call (and its row) instead of stalling the run for hours
+    max_retry_after_s: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before attempt `attempt + 1`: the server's Retry-After (capped),
+        else exponential backoff with jitter (capped)."""
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after_s)
+        return min(self.max_delay_s, self.base_delay_s * 2**attempt * (0.5 + random.random()))
 
 
 def _retry_after_seconds(response: httpx.Response) -> float | None:
@@ -73,13 +84,25 @@ class ChatClient:
         self._owns_client = client is None
         self._gate = gate
 
-    def _headers(self) -> dict[str, str]:
+    def with_base_url(self, base_url: str) -> "ChatClient":
+        """This client (connection pool, gate, retry policy) aimed at another URL: the
+        gateway attributes each proposer call by its URL."""
+        clone = copy.copy(self)
+        clone.base_url = base_url.rstrip("/")
+        clone._owns_client = False
+        return clone
+
+    def _key(self) -> str | None:
         if not self.api_key_env:
-            return {}
+            return None
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ConfigError(f"environment variable {self.api_key_env} is not set (API key for {self.base_url})")
-        return {"Authorization": f"Bearer {key}"}
+        return key
+
+    def _headers(self) -> dict[str, str]:
+        key = self._key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def complete(self, messages: list[ChatMessage], **kwargs: Any) -> ChatResult:
         async with (self._gate() if self._gate else nullcontext()):
@@ -102,26 +125,31 @@ class ChatClient:
         if seed is not None:
             body["seed"] = seed
         url = f"{self.base_url}/chat/completions"
+        key = self._key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         last_error = "no attempt made"
         kind = FailureKind.TRANSIENT
         for attempt in range(self.retry.attempts):
             started = time.perf_counter()
             wait: float | None = None
             try:
-                response = await self._client.post(url, json=body, headers=self._headers())
+                response = await self._client.post(url, json=body, headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last_error, kind = f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT
             else:
                 if response.status_code == 200:
-                    return self._parse(response, time.perf_counter() - started)
-                kind = classify_status(response.status_code)
-                last_error = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
-                if kind is FailureKind.FATAL:
-                    break
-                wait = _retry_after_seconds(response)
+                    try:
+                        return self._parse(response, time.perf_counter() - started)
+                    except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
+                        last_error, kind = str(exc), exc.kind
+                else:
+                    kind = classify_status(response.status_code)
+                    last_error = f"HTTP {response.status_code} from {url}: {redact(response.text[:200], key)}"
+                    if kind is FailureKind.FATAL:
+                        break
+                    wait = _retry_after_seconds(response)
             if attempt + 1 < self.retry.attempts:
-                backoff = min(self.retry.max_delay_s, self.retry.base_delay_s * 2**attempt)
-                await asyncio.sleep(wait if wait is not None else backoff * (0.5 + random.random()))
+                await asyncio.sleep(self.retry.delay(attempt, wait))
         raise ServiceError(f"model call failed ({kind.value}): {last_error}", kind)
 
     def _parse(self, response: httpx.Response, latency_s: float) -> ChatResult:

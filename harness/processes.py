@@ -46,6 +46,7 @@ class ManagedProcess:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         startup_timeout_s: float = 120.0,
+        unset_env: frozenset[str] = frozenset(),
     ):
         self.name = name
         self.command = command
@@ -54,6 +55,7 @@ class ManagedProcess:
         self.env = env
         self.cwd = cwd
         self.startup_timeout_s = startup_timeout_s
+        self.unset_env = unset_env  # variables the child must not inherit (keys it has no use for)
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -66,7 +68,7 @@ class ManagedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        env = {**os.environ, **(self.env or {})}
+        env = {k: v for k, v in {**os.environ, **(self.env or {})}.items() if k not in self.unset_env}
         try:
             self._proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd,

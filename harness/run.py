@@ -7,7 +7,7 @@ import platform
 import time
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,6 +18,7 @@ from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
+from harness.gateway.session import GatewaySession
 from harness.llm import ChatClient
 from harness.preflight import preflight
 from harness.pricing import PRICE_TABLE_VERSION
@@ -105,9 +106,12 @@ async def execute_run(
     max_error_rate: float = 0.5,
     rollout_gate: Gate | None = None,
     proposer_gate: Gate | None = None,
+    restart_container: Callable[[], Awaitable[None]] | None = None,
 ) -> RunOutcome:
     """Run one spec to completion and write its evidence. Bad input raises before any
-    rollout; failures after that are recorded in the manifest and returned."""
+    rollout; failures after that are recorded in the manifest and returned.
+    `restart_container` starts the run's container again when it stops answering (its
+    process died); without it such a run fails with the reason."""
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
@@ -117,14 +121,20 @@ async def execute_run(
     client = ContainerClient(endpoints.container_url, api_key_env=spec.container.api_key_env,
                              concurrency=spec.concurrency, timeout_s=spec.container.request_timeout_s,
                              gate=rollout_gate)
-    proposer = ChatClient(endpoints.proposer_url, spec.proposer.model, api_key_env=spec.proposer.api_key_env,
+    # through the gateway the key stays in the gateway: the harness sends none
+    gateway = _gateway_session(spec, endpoints)
+    proposer = ChatClient(endpoints.proposer_url, spec.proposer.model,
+                          api_key_env=None if gateway else spec.proposer.api_key_env,
                           timeout_s=spec.proposer.timeout_s, gate=proposer_gate)
     try:
         checked = await preflight(client, spec, spec.container.target_modules)
+        if gateway is not None:
+            await gateway.open()
         policy = PolicyBlock(provider=spec.policy.provider, model=spec.policy.model, base_url=endpoints.policy_url,
                              max_tokens=spec.policy.max_tokens, temperature=spec.policy.temperature)
         ctx = RunContext(spec, client, checked.program, policy, proposer, task_info=checked.task_info,
-                         rows=checked.rows, observer=observer, max_error_rate=max_error_rate)
+                         rows=checked.rows, observer=observer, max_error_rate=max_error_rate,
+                         restart_container=restart_container, gateway=gateway)
         ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
         t_opt = time.monotonic()
@@ -136,14 +146,17 @@ async def execute_run(
         except (RunFailed, HarnessError) as exc:
             status, error, t_heldout = "failed", str(exc), time.monotonic()
             ctx.event("error", str(exc))
+        model_calls, gateway_summary = await _gateway_evidence(ctx)
         finished = time.monotonic()
-        _write(location, ctx, spec, status=status, error=error, stop_reason=stop_reason, best_id=best_id,
+        _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status, error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at,
                timings={"wall_s": finished - t0, "preflight_s": t_opt - t0, "optimize_s": t_heldout - t_opt,
                         "heldout_s": finished - t_heldout})
     finally:
         await client.aclose()
         await proposer.aclose()
+        if gateway is not None:
+            await gateway.close()
     by_id = {h.candidate_id: h for h in heldout}
     seed_id = ctx.seed_candidate.candidate_id
     return RunOutcome(
@@ -157,14 +170,49 @@ async def execute_run(
     )
 
 
-def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status: str, error: str | None,
-           stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
-           timings: dict[str, float]) -> None:
+def _gateway_session(spec: RunSpec, endpoints: Endpoints) -> GatewaySession | None:
+    if not (endpoints.gateway_url and endpoints.policy_upstream and endpoints.proposer_upstream):
+        return None
+    return GatewaySession(endpoints.gateway_url, spec.run_id, policy_upstream=endpoints.policy_upstream,
+                          proposer_upstream=endpoints.proposer_upstream, budget_usd=spec.budget.max_cost_usd)
+
+
+async def _gateway_evidence(ctx: RunContext) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The run's model calls as the gateway metered them (empty without a gateway)."""
+    if ctx.gateway is None:
+        return [], None
+    try:
+        await ctx.sync_spend()
+        rows = ctx.gateway.rows(await ctx.gateway.calls())
+    except HarnessError as exc:
+        ctx.event("error", f"model calls not recorded: {exc}")
+        return [], None
+    return rows, ctx.gateway.summary()
+
+
+def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, **fields: Any) -> None:
+    """All of the run's evidence, or none: a table that cannot be written (disk full) removes
+    what was written of this run, so no directory holds some tables and no manifest."""
+    try:
+        _write_all(location, ctx, spec, **fields)
+    except HarnessError:
+        try:
+            location.clear_partial()
+        except OSError:
+            pass
+        raise
+
+
+def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status: str, error: str | None,
+               stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
+               timings: dict[str, float], model_calls: list[dict[str, Any]] | None = None,
+               gateway_summary: dict[str, Any] | None = None) -> None:
     evidence = ctx.evidence
     location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
     location.write_table("candidates", evidence.candidates)
     location.write_table("proposals", evidence.proposals)
     location.write_table("events", evidence.events)
+    location.write_table("model_calls", model_calls or [])
     usage = ctx.usage
     manifest: dict[str, Any] = {
         "run_id": spec.run_id, "sweep": spec.sweep, "status": status, "error": error, "stop_reason": stop_reason,
@@ -182,7 +230,10 @@ def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status
             "proposer_prompt_tokens": usage.proposer_prompt_tokens,
             "proposer_completion_tokens": usage.proposer_completion_tokens,
             "cost_usd": None if usage.cost_unknown else usage.cost_usd,
+            "model_calls": len(model_calls or []),
+            "prompt_check_misses": gateway_summary["prompt_check_misses"] if gateway_summary else None,
         },
+        "gateway": gateway_summary,
         "timings": {**timings, "started_at": started_at.isoformat(),
                     "finished_at": datetime.now(timezone.utc).isoformat()},
     }

@@ -7,6 +7,15 @@ client path as a hosted model. Scripts are chosen by name at start:
   that adds one rule per call from failing examples, so optimization can really improve.
 - `queue`: replies taken in order from a JSON list, cycling.
 - `fail` / `fail_429`: always HTTP 500 / 429 (with `Retry-After: 0`).
+- `flaky`: `rules`, except that a share of requests fail, for fault-injection tests. Options
+  follow the name as a query string (also as a model's `source`), e.g.
+  `flaky?rate=0.05&kinds=429,503,empty&seed=0`: `rate` (share of distinct requests that
+  fail), `kinds` (subset of `FLAKY_KINDS`: 429 with `Retry-After`, 429 without, 503, `slow`
+  (answers after `slow_s` seconds, past a short client timeout), `empty` (a completion with
+  no text), `garbage` (HTTP 200 whose body is not JSON)), `attempts` (how many times the
+  same request fails before it is answered; 0: always), `seed`, `retry_after`, `slow_s`.
+  Which requests fail depends on the seed, the request body and how often that body was
+  seen, so a rerun fails the same requests. `/stats` counts the faults by kind.
 
 Policy: rule lines `- If the message mentions "WORD", answer: LABEL` in the system prompt
 are tried in order against the last user message minus its label list (case-insensitive
@@ -25,6 +34,8 @@ one new rule line inside a ``` fenced block (unchanged if no failing example lac
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hashlib
 import json
 import os
 import re
@@ -33,11 +44,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections import Counter
 from typing import Any, Self
+from urllib.parse import parse_qsl
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.processes import ManagedProcess, free_port
 
@@ -251,13 +265,93 @@ class Fail429Script(Script):
         raise ScriptError(429, {"Retry-After": "0"})
 
 
-SCRIPTS: dict[str, type[Script]] = {cls.name: cls for cls in (RulesScript, QueueScript, FailScript, Fail429Script)}
+FLAKY_KINDS = ("429", "429_bare", "503", "slow", "empty", "garbage")
+
+
+class FlakyOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rate: float = Field(default=0.2, ge=0.0, le=1.0)
+    kinds: tuple[str, ...] = FLAKY_KINDS
+    seed: int = 0
+    attempts: int = Field(default=1, ge=0)
+    retry_after: float = Field(default=1.0, ge=0.0)
+    slow_s: float = Field(default=5.0, gt=0.0)
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        kinds = tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+        unknown = sorted(set(kinds) - set(FLAKY_KINDS))
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {list(FLAKY_KINDS)}, got {list(kinds)}")
+        return kinds
+
+
+class FlakyScript(RulesScript):
+    """`rules`, with faults decided per request by `fault_for` (see the module docstring)."""
+
+    name = "flaky"
+
+    def __init__(self, replies: list[str] | None = None, options: FlakyOptions | None = None):
+        super().__init__(replies)
+        self.options = options or FlakyOptions()
+        self.faults: Counter[str] = Counter()
+        self._seen: Counter[str] = Counter()
+
+    def fault_for(self, body: dict[str, Any]) -> str | None:
+        options = self.options
+        key = hashlib.sha256(f"{options.seed}:{json.dumps(body, sort_keys=True)}".encode()).digest()
+        if int.from_bytes(key[:8], "big") / 2**64 >= options.rate:
+            return None
+        self._seen[key.hex()] += 1
+        if options.attempts and self._seen[key.hex()] > options.attempts:
+            return None
+        kind = options.kinds[int.from_bytes(key[8:16], "big") % len(options.kinds)]
+        self.faults[kind] += 1
+        return kind
+
+
+SCRIPTS: dict[str, type[Script]] = {
+    cls.name: cls for cls in (RulesScript, QueueScript, FailScript, Fail429Script, FlakyScript)}
 
 
 def make_script(name: str, replies: list[str] | None = None) -> Script:
-    if name not in SCRIPTS:
-        raise ValueError(f"unknown script {name!r}; known: {', '.join(sorted(SCRIPTS))}")
-    return SCRIPTS[name](replies)
+    """A script by name; `flaky` takes options as a query string (`flaky?rate=0.1&kinds=503`)."""
+    base, sep, query = name.partition("?")
+    if base not in SCRIPTS:
+        raise ValueError(f"unknown script {base!r}; known: {', '.join(sorted(SCRIPTS))}")
+    if base == "flaky":
+        try:
+            options = FlakyOptions.model_validate(dict(parse_qsl(query, strict_parsing=bool(query))))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"script {name!r}: option {where!r}: {first['msg'].removeprefix('Value error, ')}") from exc
+        except ValueError as exc:  # a query string that does not parse
+            raise ValueError(f"script {name!r}: bad options: {exc}") from exc
+        return FlakyScript(replies, options)
+    if sep:
+        raise ValueError(f"script {base!r} takes no options (got {query!r})")
+    return SCRIPTS[base](replies)
+
+
+async def _flaky_answer(script: Script, body: dict[str, Any]) -> tuple[Response | None, str | None]:
+    """(an error response to send instead of a completion, or a forced completion text)."""
+    if not isinstance(script, FlakyScript):
+        return None, None
+    kind = script.fault_for(body)
+    error = {"error": {"message": f"scripted fault {kind}", "type": "scripted_failure"}}
+    if kind == "429":
+        return JSONResponse(error, status_code=429, headers={"Retry-After": f"{script.options.retry_after:g}"}), None
+    if kind == "429_bare":
+        return JSONResponse(error, status_code=429), None
+    if kind == "503":
+        return JSONResponse(error, status_code=503), None
+    if kind == "garbage":
+        return Response("<html><body>upstream hiccup</body></html>", status_code=200, media_type="text/html"), None
+    if kind == "slow":
+        await asyncio.sleep(script.options.slow_s)
+    return None, ("" if kind == "empty" else None)
 
 
 def create_app(script: Script) -> FastAPI:
@@ -274,8 +368,11 @@ def create_app(script: Script) -> FastAPI:
             m["content"] = m.get("content") if isinstance(m.get("content"), str) else ""
         role = _role(messages)
         counts[role] += 1
+        refused, forced = await _flaky_answer(script, body)
+        if refused is not None:
+            return refused
         try:
-            text = script.reply(messages, role)
+            text = script.reply(messages, role) if forced is None else forced
         except ScriptError as exc:
             error = {"error": {"message": str(exc), "type": "scripted_failure"}}
             return JSONResponse(error, status_code=exc.status, headers=exc.headers)
@@ -306,7 +403,8 @@ def create_app(script: Script) -> FastAPI:
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {"script": script.name, "requests": dict(counts), "total": sum(counts.values())}
+        faults = dict(script.faults) if isinstance(script, FlakyScript) else {}
+        return {"script": script.name, "requests": dict(counts), "total": sum(counts.values()), "faults": faults}
 
     return app
 
@@ -406,7 +504,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.scripted_model", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--script", default=DEFAULT_SCRIPT, choices=sorted(SCRIPTS))
+    parser.add_argument("--script", default=DEFAULT_SCRIPT,
+                        help=f"one of {', '.join(sorted(SCRIPTS))}; flaky takes options: flaky?rate=0.1&kinds=503")
     parser.add_argument("--replies", help="JSON list of reply strings (queue script)")
     args = parser.parse_args(argv)
     try:

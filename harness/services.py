@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import httpx
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, PreflightError
+from harness.gateway.models import GatewaySettings
+from harness.gateway.service import GatewayService
 from harness.processes import ManagedProcess, free_port
 from harness.specs import ContainerSpec, ModelSpec
 
@@ -19,6 +25,10 @@ class Endpoints(BaseModel):
     container_url: str
     policy_url: str
     proposer_url: str
+    # set when model calls go through the inference gateway (harness/gateway)
+    gateway_url: str | None = None
+    policy_upstream: str | None = None
+    proposer_upstream: str | None = None
 
 
 class LocalServerOptions(BaseModel):
@@ -32,11 +42,19 @@ class LocalServerOptions(BaseModel):
 class Services:
     """Starts what runs need, once, keyed by what identifies the service; stops all on close."""
 
-    def __init__(self, log_dir: Path, local_server: LocalServerOptions | None = None):
+    def __init__(self, log_dir: Path, local_server: LocalServerOptions | None = None, max_restarts: int = 3,
+                 gateway: GatewaySettings | None = None):
         self.log_dir = log_dir
+        # None or disabled: containers and the proposer call the model endpoints directly
+        self.gateway = GatewayService(gateway, log_dir) if gateway is not None and gateway.enabled else None
+        self._secret_env: set[str] = set()  # key variables that containers do not inherit
         self.local_server = local_server or LocalServerOptions()
+        # restarts per container over this object's life: a container that keeps dying fails its runs
+        self.max_restarts = max_restarts
         self._containers: dict[tuple, tuple[ManagedProcess | None, str]] = {}
         self._models: dict[tuple, tuple[object | None, str]] = {}
+        self._restarts: dict[str, int] = {}
+        self._restart_lock = threading.Lock()
 
     def container_url(self, spec: ContainerSpec) -> str:
         key = (spec.name, tuple(spec.command or ()), spec.url, spec.data_dir, spec.api_key_env, spec.policy_key_env)
@@ -60,9 +78,45 @@ class Services:
         process = ManagedProcess(
             f"container {spec.name}", command, health_url=f"{url}/health",
             log_path=self.log_dir / f"container-{spec.name}-{port}.log", startup_timeout_s=spec.startup_timeout_s,
+            unset_env=frozenset(self._secret_env - {spec.api_key_env} - set(command)),
         )
         process.start()
         return process, url
+
+    def revive(self, url: str) -> None:
+        """Start the container serving `url` again, on the same port, if its process has
+        died (nothing to do when it is alive and healthy). Raises PreflightError when it
+        cannot: attached rather than started here, restarted too often, or it fails to start."""
+        found = [(p, key[0]) for key, (p, u) in self._containers.items() if u == url]
+        if not found:
+            raise PreflightError(f"no container at {url} was started by this harness: cannot restart it")
+        process, name = found[0]
+        if process is None:
+            raise PreflightError(f"container {name} at {url} is attached, not started by the harness: "
+                                 "cannot restart it")
+        with self._restart_lock:
+            if process.alive() and _healthy(f"{url}/health"):
+                return
+            done = self._restarts.get(url, 0)
+            if done >= self.max_restarts:
+                raise PreflightError(f"container {name} at {url} died again after {done} restart(s): not restarting it")
+            self._restarts[url] = done + 1
+            process.stop()
+            process.start()  # same command, same port: every run's url stays valid
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts so far, per container url."""
+        return dict(self._restarts)
+
+    def restarter(self, url: str) -> Callable[[], Awaitable[None]]:
+        """The hook a run in this process calls when its container stops answering."""
+
+        async def restart() -> None:
+            # on this thread, not a worker thread: a child's parent-death signal fires when the
+            # thread that started it exits, and the executor's threads end with the event loop
+            self.revive(url)
+
+        return restart
 
     def model_url(self, spec: ModelSpec) -> str:
         if spec.provider == "openai_compatible":
@@ -87,12 +141,32 @@ class Services:
         server.start()
         return server, server.base_url
 
+    def protect_keys(self, *models: ModelSpec) -> None:
+        """With the gateway on, containers started from now on do not inherit these models'
+        key variables (unless a container's own command names one, e.g. a direct grader)."""
+        if self.gateway is not None:
+            self._secret_env.update(m.api_key_env for m in models if m.api_key_env)
+
     def endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
+        if self.gateway is not None:
+            return self._gateway_endpoints(container, policy, proposer)
         if container.command and policy.api_key_env and not container.policy_key_env:
             # a container we start calls the policy itself: hand it the name of the policy's key variable
             container = container.model_copy(update={"policy_key_env": policy.api_key_env})
         return Endpoints(container_url=self.container_url(container), policy_url=self.model_url(policy),
                          proposer_url=self.model_url(proposer))
+
+    def _gateway_endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
+        """Every model call through the gateway, which holds the keys: the container gets
+        neither a key nor the name of its variable."""
+        assert self.gateway is not None
+        self.protect_keys(policy, proposer)
+        container_url = self.container_url(container)
+        policy_upstream, policy_url = self.gateway.route(policy, self.model_url(policy))
+        proposer_upstream, proposer_url = self.gateway.route(proposer, self.model_url(proposer))
+        return Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url,
+                         gateway_url=self.gateway.url, policy_upstream=policy_upstream,
+                         proposer_upstream=proposer_upstream)
 
     def close(self) -> None:
         for process, _ in self._containers.values():
@@ -104,9 +178,18 @@ class Services:
                 stop()
         self._containers.clear()
         self._models.clear()
+        if self.gateway is not None:
+            self.gateway.stop()
 
     def __enter__(self) -> "Services":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -292,14 +292,18 @@ def test_budget_smaller_than_the_pareto_pool_returns_the_seed(algorithm: str, st
 
 
 @pytest.mark.parametrize("algorithm", GEPA_ARMS)
-def test_a_failing_proposer_is_recorded_and_the_run_finishes(algorithm: str, stack: Stack, tmp_path: Path) -> None:
-    spec = make_spec(algorithm, tmp_path, budget=30)
+def test_a_proposer_that_keeps_failing_fails_the_run(algorithm: str, stack: Stack, tmp_path: Path) -> None:
+    """Failed proposals are recorded; after `max_proposer_errors` consecutive failed calls the
+    run fails with the endpoint's error instead of stalling."""
+    spec = make_spec(algorithm, tmp_path, budget=30, params={"max_proposer_errors": 3})
     with ScriptedModelThread("fail_429") as proposer:
         outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
-    ev = check_contract(outcome, spec)
+    assert outcome.status == "failed" and "429" in (outcome.error or "")
+    ev = load(outcome)
+    assert ev.manifest["status"] == "failed"
+    assert ev.rollouts.filter(pl.col("stage") != "heldout").height <= spec.budget.max_rollouts
     assert ev.proposals.height >= 1
     assert set(ev.proposals["status"]) == {"error"} and not ev.proposals["accepted"].any()
-    assert all("429" in e for e in ev.proposals["error"])
     assert ev.manifest["totals"]["proposer_calls"] == 0
     assert ev.candidates.height == 1
 

@@ -21,7 +21,7 @@ from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutR
 from harness.preflight import preflight
 from harness.run import execute_run
 from harness.scripted_model import ScriptedModelServer
-from harness.services import Endpoints, Services
+from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,11 +124,11 @@ def test_gepa_run_against_node_container_is_done(data_dir: Path, tmp_path: Path)
         pools=Pools(train=tuple(f"train:{i}" for i in range(12)), pareto=tuple(f"train:{i}" for i in range(12, 20)),
                     heldout=tuple(f"test:{i}" for i in range(10))),
         budget=BudgetSpec(max_rollouts=48, max_wall_s=240), concurrency=4, evidence_root=str(tmp_path / "evidence"))
-    with ScriptedModelServer(script="rules", log_dir=tmp_path) as model, Services(tmp_path / "logs") as services:
-        endpoints = Endpoints(container_url=services.container_url(spec.container), policy_url=model.base_url,
-                              proposer_url=model.base_url)
+    with Services(tmp_path / "logs") as services:
+        # Scripted model specs make Services start harness.scripted_model.ScriptedModelServer("rules").
+        endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
         outcome = asyncio.run(execute_run(spec, endpoints))
-        stats = httpx.get(model.stats_url).json()
+        stats = httpx.get(endpoints.policy_url.removesuffix("/v1") + "/stats").json()
     assert outcome.status == "done", outcome.error
     assert outcome.rollouts > 0 and outcome.heldout_rollouts >= 10 and outcome.seed_heldout is not None
     assert stats["requests"]["policy"] >= outcome.rollouts and stats["requests"]["proposer"] >= 1

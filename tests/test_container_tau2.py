@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from benchmarks.containers.kit import build_app
 from benchmarks.containers.tau2_retail import Tau2Retail
+from benchmarks.containers.tau2_retail.chat import ChatTurn, _parse_calls
 from benchmarks.containers.tau2_retail.data import RetailData, db_hash
 from benchmarks.containers.tau2_retail.episode import FIRST_AGENT_MESSAGE, USER_GUIDELINES, user_instructions
 from benchmarks.containers.tau2_retail.scoring import action_matches, communicated, replay_gold, score_episode
@@ -228,6 +229,19 @@ def test_copy_on_access_db_equals_a_full_copy(retail: RetailData) -> None:
     assert (hashes[0] == hashes[2]) == (states[0] == states[2]) is False
     assert db_hash(retail.fresh_db()) != hashes[0]
     assert json.dumps(retail.db_base, sort_keys=True) == pristine  # the shared base was never written
+
+
+def test_tool_call_parsing_tolerates_local_servers() -> None:
+    calls = _parse_calls([
+        {"function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}},  # object, no id
+        {"id": "c2", "function": {"name": "calculate", "arguments": "{not json"}},
+        {"id": "c3", "function": {"name": "list_all_product_types", "arguments": ""}},
+    ], turn_index=4)
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("call_4_0", "get_order_details", {"order_id": "#W1"}), ("c2", "calculate", None),
+        ("c3", "list_all_product_types", {})]
+    turn = ChatTurn(content="", tool_calls=calls[:1], prompt_tokens=0, completion_tokens=0, latency_s=0.0)
+    assert turn.assistant_message()["tool_calls"][0]["function"]["arguments"] == '{"order_id": "#W1"}'
 
 
 def test_feedback_names_unexpected_writes(retail: RetailData) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Coroutine, TypeVar
 from algorithms.gepa_ai.params import GepaLibraryParams
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.context import BudgetExhausted, RunContext
-from harness.errors import ServiceError
+from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatMessage, ChatResult
 
 T = TypeVar("T")
@@ -83,6 +83,7 @@ class Bridge:
         self._iteration: _Iteration | None = None
         self._idle = 0
         self._last_rollouts: int | None = None
+        self._proposer_errors = 0  # consecutive failed proposer calls
         self._inflight: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
 
@@ -209,13 +210,17 @@ class Bridge:
             record["error"] = f"stopped: {halt.reason}"
             self._add_reflection(record)
             raise
-        except ServiceError as exc:  # the library drops this proposal, as ours does
+        except ServiceError as exc:  # the library drops this proposal; an endpoint that keeps failing fails the run
             record["error"] = str(exc)
             self._add_reflection(record)
+            self._proposer_errors += 1
+            if exc.kind is FailureKind.FATAL or self._proposer_errors >= self.params.max_proposer_errors:
+                self.fail(exc)
             raise
         except Exception as exc:
             self.fail(exc)
             raise
+        self._proposer_errors = 0
         record.update(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
                       latency_s=result.latency_s)
         self._add_reflection(record)

@@ -1,5 +1,6 @@
 """Parameters of the `gepa` library arm. Defaults match our GEPA where the concepts
-coincide (minibatch 4, strict improvement, skip perfect minibatches, proposer sampling);
+coincide (minibatch 4, strict improvement, skip perfect minibatches, proposer sampling,
+stall and proposer-failure limits);
 the rest are the library's own defaults."""
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ class GepaLibraryParams(BaseModel):
     skip_perfect_score: bool = True
     perfect_score: float = 1.0
     proposer_temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    proposer_max_tokens: int = Field(default=400, gt=0)
+    proposer_max_tokens: int = Field(default=300, gt=0)
     # None: the library's default reflection prompt; else a template with <curr_param> and <side_info>
     reflection_prompt_template: str | None = None
     # stop when this many iterations in a row spent no rollouts (the library would spin on cache hits)
     max_idle_iterations: int = Field(default=25, gt=0)
+    # consecutive failed proposer calls (after the client's retries) that fail the run, as ours;
+    # the library retries a failed reflection once, so that is two calls
+    max_proposer_errors: int = Field(default=3, gt=0)
 
     @field_validator("reflection_prompt_template")
     @classmethod

@@ -103,6 +103,9 @@ class TaskContainer(ABC):
     def configure(self, args: argparse.Namespace) -> None:
         """Read the options added by `add_arguments`; called once before the data loads."""
 
+    def extend_app(self, app: FastAPI) -> None:
+        """Extra routes or exception handlers on the built app (behind the same bearer check)."""
+
     def objectives(self, row: Row, output_text: str) -> dict[str, float] | None:
         """Named scores besides the reward (`objective_scores`) for the single-call path."""
         return None
@@ -308,6 +311,7 @@ def build_app(
         )
         return done.model_dump(mode="json")
 
+    container.extend_app(app)
     return app
 
 

@@ -82,15 +82,45 @@ EVENTS = pa.schema(
     ]
 )
 
+# One row per model call through the inference gateway (harness/gateway); empty when the
+# gateway is off. cost_usd null: the model is not in the price table (unknown, not zero).
+MODEL_CALLS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("call_id", pa.string()),  # <scope>#<n>: the n-th call of a rollout or proposer call
+        ("rollout_id", pa.string()),
+        ("proposal_id", pa.string()),
+        ("scope", pa.string()),
+        ("role", pa.string()),  # policy | proposer | grader | user_simulator
+        ("model", pa.string()),
+        ("upstream", pa.string()),
+        ("endpoint", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("latency_s", pa.float64()),
+        ("cache", pa.string()),  # off | hit | miss | replay
+        ("status", pa.string()),  # ok | error | refused | replay_miss
+        ("http_status", pa.int64()),
+        ("attempts", pa.int64()),
+        ("prompt_check", pa.bool_()),  # policy calls: a candidate module text reached the model
+        ("digest", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "rollouts": ROLLOUTS,
     "candidates": CANDIDATES,
     "proposals": PROPOSALS,
     "events": EVENTS,
+    "model_calls": MODEL_CALLS,
 }
 
 # Columns that depend on wall-clock time; everything else is a function of config and model outputs.
 TIMING_COLUMNS = frozenset({"latency_s", "elapsed_s", "elapsed_s_at_creation"})
+# How a call was served (live, from the store, replayed): not a result either.
+TRANSPORT_COLUMNS = frozenset({"cache", "attempts"})
 
 
 def with_version(schema: pa.Schema) -> pa.Schema:

@@ -60,6 +60,7 @@ class EvidenceLocation:
         final = f"{self.run_dir}/{name}"
         temp = f"{self.run_dir}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
+            self.fs.create_dir(self.run_dir, recursive=True)
             write(temp)
             self.fs.move(temp, final)
         except OSError as exc:
@@ -72,7 +73,6 @@ class EvidenceLocation:
     def write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
         schema = with_version(TABLES[name])
         table = pa.Table.from_pylist(rows, schema=schema)
-        self.fs.create_dir(self.run_dir, recursive=True)
         self._atomic_write(name + ".parquet", lambda path: pq.write_table(table, path, filesystem=self.fs))
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
@@ -82,5 +82,4 @@ class EvidenceLocation:
             with self.fs.open_output_stream(path) as stream:
                 stream.write(body.encode())
 
-        self.fs.create_dir(self.run_dir, recursive=True)
         self._atomic_write(MANIFEST, write)

@@ -8,11 +8,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from harness.config import HarnessConfig
@@ -95,7 +96,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         if base.ray.cpus_per_run > cpus:
             raise ConfigError(f"ray.cpus_per_run={base.ray.cpus_per_run} exceeds the cluster's {cpus:g} CPUs: "
                               "no run could ever be scheduled")
-        with Services(log_dir, base.local_server) as services:
+        with Services(log_dir, base.local_server, gateway=base.gateway) as services:
             console.print("starting shared containers and model servers ...", highlight=False)
             endpoints = _start_services(services, todo, rows)
             if len(endpoints) < len(todo):  # a service that cannot start fails its runs, not the sweep
@@ -105,7 +106,8 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                 limits = _limits(base, endpoints.values())
                 limiter = EndpointLimiter.remote(limits)
                 board = SweepBoard.remote()
-                _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker)
+                _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker,
+                          revive=services.revive, live_usage=_live_usage(services) if base.gateway.live_usage else None)
     finally:
         ray.shutdown()
     _print_table(console, rows, store.dir)
@@ -139,6 +141,7 @@ def _start_services(services: Services, todo: list[PlannedRun], rows: dict[str, 
     start is recorded failed with the cause (each broken combination is tried once)."""
     broken: dict[tuple[str, ...], str] = {}
     endpoints: dict[str, Endpoints] = {}
+    services.protect_keys(*(m for run in todo for m in (run.spec.policy, run.spec.proposer)))
     for run in todo:
         spec = run.spec
         key = tuple(s.model_dump_json() for s in (spec.container, spec.policy, spec.proposer))
@@ -164,7 +167,11 @@ def _limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
 
 def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: Any, board: Any,
               base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
-              console: Console, worker_cls: Any) -> None:
+              console: Console, worker_cls: Any, revive: Callable[[str], None] | None = None,
+              live_usage: Callable[[], str] | None = None) -> None:
+    """Run `todo` on actors of `worker_cls`, a bounded number in flight; a run whose worker
+    dies is retried once on a fresh actor. Between waits, restart the containers that runs
+    found dead (`revive`, from the Services that started them)."""
     import ray
     from ray.exceptions import RayActorError, RayError, WorkerCrashedError
 
@@ -191,6 +198,7 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
             while queue and len(in_flight) < width:
                 submit(queue.pop(0))
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+            _serve_restarts(board, revive)
             for ref in ready:
                 run, actor = in_flight.pop(ref)
                 run_id = run.spec.run_id
@@ -210,7 +218,22 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
                 rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
                 store.write_index(list(rows.values()))
-            live.update(_status_line(rows, ray.get(board.snapshot.remote()), started))
+            live.update(_status_line(rows, ray.get(board.snapshot.remote()), started) + (live_usage() if live_usage else ""))
+
+
+def _serve_restarts(board: Any, revive: Callable[[str], None] | None) -> None:
+    import ray
+
+    for url, ticket in ray.get(board.take_restarts.remote()):
+        error = None
+        if revive is None:
+            error = f"container at {url} stopped answering; this sweep cannot restart containers"
+        else:
+            try:
+                revive(url)
+            except Exception as exc:  # noqa: BLE001 - the runs that asked fail with it; the sweep goes on
+                error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
+        board.restart_done.remote(url, ticket, error)
 
 
 def _ray_error(exc: Exception) -> str:
@@ -219,6 +242,17 @@ def _ray_error(exc: Exception) -> str:
         return f"{type(cause).__name__}: {cause}"
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+
+
+def _live_usage(services: Services) -> Callable[[], str]:
+    """Running cost and tokens of the whole sweep, policy vs proposer, from the gateway."""
+    from harness.gateway.session import live_usage_text
+
+    def text() -> str:
+        usage = services.gateway.usage() if services.gateway is not None else None
+        return f"\n{live_usage_text(usage)}" if usage is not None and usage.by_role else ""
+
+    return text
 
 
 def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started: float) -> str:
@@ -240,7 +274,9 @@ def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: s
     for row in rows.values():
         scores = "" if row["best_heldout"] is None else f"{row['seed_heldout'] or 0:.3f}→{row['best_heldout']:.3f}"
         where = row["error"] or row["evidence_dir"] or ""
-        table.add_row(row["run_id"], row["status"], row["container"], row["policy"], row["proposer"],
-                      row["algorithm"], str(row["seed"]), scores, where)
+        # cells are data (an error may quote a service's body): never rich markup
+        cells = (row["run_id"], row["status"], row["container"], row["policy"], row["proposer"], row["algorithm"],
+                 str(row["seed"]), scores, where)
+        table.add_row(*(escape(str(cell)) for cell in cells))
     console.print(table)
     console.print(f"index: {sweep_dir}/index.parquet; per-run logs: {sweep_dir}/logs/", highlight=False)

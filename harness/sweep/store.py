@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
 
 INDEX_SCHEMA = pa.schema(
@@ -45,11 +46,18 @@ class SweepStore:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
 
     def _atomic(self, name: str, data: bytes) -> None:
-        self.fs.create_dir(self.dir, recursive=True)
         temp = f"{self.dir}/.{name}.tmp"
-        with self.fs.open_output_stream(temp) as stream:
-            stream.write(data)
-        self.fs.move(temp, f"{self.dir}/{name}")
+        try:
+            self.fs.create_dir(self.dir, recursive=True)
+            with self.fs.open_output_stream(temp) as stream:
+                stream.write(data)
+            self.fs.move(temp, f"{self.dir}/{name}")
+        except OSError as exc:  # e.g. the disk is full: no temporary file left, one clear line
+            try:
+                self.fs.delete_file(temp)
+            except OSError:
+                pass
+            raise HarnessError(f"cannot write {self.dir}/{name}: {exc}") from exc
 
     def write_index(self, rows: list[dict[str, Any]]) -> None:
         table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from harness.context import Progress
+from harness.errors import HarnessError
 from harness.run import RunOutcome, execute_run
 from harness.services import Endpoints
 from harness.specs import RunSpec
@@ -27,6 +30,9 @@ class SweepBoard:
         self._rollouts: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
         self._running: set[str] = set()
+        # container restarts asked for by runs, done by the driver (it owns the processes)
+        self._restart_asked: dict[str, int] = {}  # url -> last ticket handed out
+        self._restart_done: dict[str, tuple[int, str | None]] = {}  # url -> (last ticket served, error)
 
     def started(self, run_id: str) -> None:
         self._running.add(run_id)
@@ -38,9 +44,46 @@ class SweepBoard:
     def finished(self, run_id: str) -> None:
         self._running.discard(run_id)
 
+    def request_restart(self, url: str) -> int:
+        """A run found the container at `url` not answering; returns a ticket to wait on."""
+        self._restart_asked[url] = self._restart_asked.get(url, 0) + 1
+        return self._restart_asked[url]
+
+    def take_restarts(self) -> list[tuple[str, int]]:
+        """(url, newest ticket) of every container with an unserved request (for the driver)."""
+        return [(url, ticket) for url, ticket in self._restart_asked.items()
+                if ticket > self._restart_done.get(url, (0, None))[0]]
+
+    def restart_done(self, url: str, ticket: int, error: str | None) -> None:
+        self._restart_done[url] = (ticket, error)
+
+    def restart_status(self, url: str, ticket: int) -> tuple[bool, str | None]:
+        served, error = self._restart_done.get(url, (0, None))
+        return (True, error) if served >= ticket else (False, None)
+
     def snapshot(self) -> dict[str, Any]:
         return {"running": len(self._running), "rollouts": sum(self._rollouts.values()),
                 "tokens": sum(self._tokens.values())}
+
+
+def board_restarter(board: Any, url: str, timeout_s: float) -> Callable[[], Awaitable[None]]:
+    """The restart hook of a run on a worker: ask the driver, through the board, to start
+    the container at `url` again, and wait for the answer."""
+
+    async def restart() -> None:
+        ticket = await board.request_restart.remote(url)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, error = await board.restart_status.remote(url, ticket)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise HarnessError(f"the sweep driver did not restart {url} within {timeout_s:.0f}s")
+            await asyncio.sleep(0.25)
+        if error:
+            raise HarnessError(error)
+
+    return restart
 
 
 def _run_logger(log_path: Path) -> logging.Logger:
@@ -62,7 +105,7 @@ class RunWorker:
         spec = RunSpec.model_validate_json(spec_json)
         endpoints = Endpoints.model_validate_json(endpoints_json)
         logger = _run_logger(Path(log_dir) / f"{spec.run_id}.log")
-        logger.info("run %s start: axes %s", spec.run_id, spec.axes)
+        logger.info("run %s start: axes %s, worker pid %d", spec.run_id, spec.axes, os.getpid())
         last = [0.0, ""]
 
         def observe(progress: Progress) -> None:
@@ -79,8 +122,10 @@ class RunWorker:
         rollout_gate = shared_gate(limiter, endpoints.container_url, endpoints.policy_url, holder=holder)
         proposer_gate = shared_gate(limiter, endpoints.proposer_url, holder=holder)
         try:
+            restart = board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60)
             outcome = asyncio.run(execute_run(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
-                                              rollout_gate=rollout_gate, proposer_gate=proposer_gate))
+                                              rollout_gate=rollout_gate, proposer_gate=proposer_gate,
+                                              restart_container=restart))
         except Exception as exc:  # recorded in the index; the sweep goes on
             logger.exception("run %s failed before it could write evidence", spec.run_id)
             outcome = RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="", error=f"{type(exc).__name__}: {exc}")

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from harness.errors import FailureKind, ServiceError, classify_status
 from harness.llm import ChatClient, _retry_after_seconds
 
+MAX_RETRY_AFTER_S = 60.0
+
 
 class ToolCall(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -77,24 +79,33 @@ class ToolChatClient(ChatClient):
         if seed is not None:
             body["seed"] = seed
         url = f"{self.base_url}/chat/completions"
+        headers = self._headers()
+        key = headers.get("Authorization", "").removeprefix("Bearer ")
         last_error, kind = "no attempt made", FailureKind.TRANSIENT
         for attempt in range(self.retry.attempts):
             started, wait = time.perf_counter(), None
             try:
-                response = await self._client.post(url, json=body, headers=self._headers())
+                response = await self._client.post(url, json=body, headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last_error, kind = f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT
             else:
                 if response.status_code == 200:
-                    return self._turn(response, time.perf_counter() - started, turn_index)
-                kind = classify_status(response.status_code)
-                last_error = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
-                if kind is FailureKind.FATAL:
-                    break
-                wait = _retry_after_seconds(response)
+                    try:
+                        return self._turn(response, time.perf_counter() - started, turn_index)
+                    except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
+                        last_error, kind = str(exc), exc.kind
+                else:
+                    kind = classify_status(response.status_code)
+                    text = response.text[:200]
+                    # an endpoint that echoes the request must not put the key into a trace
+                    last_error = f"HTTP {response.status_code} from {url}: {text.replace(key, '[redacted]') if key else text}"
+                    if kind is FailureKind.FATAL:
+                        break
+                    wait = _retry_after_seconds(response)
             if attempt + 1 < self.retry.attempts:
-                backoff = min(self.retry.max_delay_s, self.retry.base_delay_s * 2**attempt)
-                await asyncio.sleep(wait if wait is not None else backoff * (0.5 + random.random()))
+                backoff = min(self.retry.max_delay_s, self.retry.base_delay_s * 2**attempt) * (0.5 + random.random())
+                # a Retry-After hours away fails the episode rather than stalling the run
+                await asyncio.sleep(min(wait, MAX_RETRY_AFTER_S) if wait is not None else backoff)
         raise ServiceError(f"model call failed ({kind.value}): {last_error}", kind)
 
     def _turn(self, response: httpx.Response, latency_s: float, turn_index: int) -> ChatTurn:

@@ -1,0 +1,147 @@
+"""Gateway overhead benchmark (not a test): completions per second at a fixed number of
+concurrent requests, straight to a fake OpenAI-compatible upstream vs through the
+inference gateway to the same upstream, in one invocation.
+
+The upstream is the scripted model (`harness.scripted_model`, a child process); the
+gateway runs as Services runs it (a child process); the load comes from this process
+through the harness's own ChatClient (what a container uses for its policy call), one
+call per "rollout", each with its own attributed URL and a distinct prompt. Arms are
+interleaved over rounds and the median is reported, so drift on a shared machine hits
+both alike. Results are printed and written to benchmarks/perf/results/gateway_overhead.parquet.
+
+    python benchmarks/perf/gateway_overhead.py [--concurrency 64] [--requests 1500] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from harness.gateway.models import Announcement, GatewaySettings, LimitSettings, RunRegistration  # noqa: E402
+from harness.gateway.server import GatewayServer  # noqa: E402
+from harness.gateway.service import upstream_for  # noqa: E402
+from harness.llm import ChatClient, ChatMessage  # noqa: E402
+from harness.scripted_model import ScriptedModelServer  # noqa: E402
+from harness.specs import ModelSpec  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gateway_overhead.parquet"
+SYSTEM = ("You are a banking customer-support intent classifier. Reply with the single intent label.\n"
+          '- If the message mentions "card", answer: card_arrival')
+LABELS = "Intent labels:\n" + "\n".join(f"label_{i}" for i in range(40))
+
+
+def messages(i: int, salt: str) -> list[ChatMessage]:
+    return [ChatMessage(role="system", content=SYSTEM),
+            ChatMessage(role="user", content=f"{LABELS}\n\nCustomer message:\nrequest {salt}-{i} about my card")]
+
+
+async def drive(urls: list[str], concurrency: int, salt: str) -> tuple[float, list[float]]:
+    """(completions per second, per-call latencies) for one call to each URL, `concurrency` at a time."""
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as http:
+        base = ChatClient(urls[0], "scripted-rules", client=http)
+        queue = list(enumerate(urls))
+        latencies: list[float] = []
+
+        async def worker() -> None:
+            while queue:
+                i, url = queue.pop()
+                started = time.perf_counter()
+                await base.with_base_url(url).complete(messages(i, salt), max_tokens=8, seed=i)
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return len(urls) / elapsed, latencies
+
+
+def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: list[str]) -> None:
+    registration = RunRegistration(upstreams={"policy": upstream, "proposer": upstream})
+    httpx.post(f"{gateway.url}/runs/{run_id}", content=registration.model_dump_json()).raise_for_status()
+    announcement = Announcement(scopes={s: "c0000" for s in scopes}, candidates={"c0000": {"system": SYSTEM}})
+    httpx.post(f"{gateway.url}/runs/{run_id}/scopes", content=announcement.model_dump_json()).raise_for_status()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1500, help="calls per arm and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    n, c = args.requests, args.concurrency
+    rates: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_cache_miss": [], "gateway_cache_hit": []}
+    p50: dict[str, list[float]] = {k: [] for k in rates}
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, \
+            ScriptedModelServer("rules", log_dir=Path(tmp)) as upstream_server:
+        spec = ModelSpec(provider="scripted", model="scripted-rules", source="rules")
+        upstream = upstream_for(spec, upstream_server.base_url)
+        limits = LimitSettings(max_concurrency=max(64, c))
+        plain = GatewayServer(GatewaySettings(limits=limits), log_dir=Path(tmp))
+        cached = GatewayServer(GatewaySettings(limits=limits, cache="read_write", cache_path=f"{tmp}/store.sqlite"),
+                               log_dir=Path(tmp))
+        with plain, cached:
+            for gateway in (plain, cached):
+                gateway.register(upstream)
+            asyncio.run(drive([upstream_server.base_url] * 200, c, "warmup"))  # connections, imports, JIT-free warmup
+            for r in range(args.rounds):
+                run_id = f"bench{r}"
+                scopes = [f"{run_id}-c0000-train:{i}" for i in range(n)]
+                for gateway in (plain, cached):
+                    register_run(gateway, run_id, upstream.name, scopes)
+                arms = {
+                    "direct": [upstream_server.base_url] * n,
+                    "gateway": [f"{plain.url}/r/{run_id}/{s}/policy/v1" for s in scopes],
+                    "gateway_cache_miss": [f"{cached.url}/r/{run_id}/{s}/policy/v1" for s in scopes],
+                }
+                for arm, urls in arms.items():
+                    rate, lat = asyncio.run(drive(urls, c, salt=f"r{r}"))
+                    rates[arm].append(rate)
+                    p50[arm].append(statistics.median(lat))
+                # the same requests again, new rollouts: every one served from the store
+                register_run(cached, f"{run_id}b", upstream.name, scopes)
+                rate, lat = asyncio.run(drive([f"{cached.url}/r/{run_id}b/{s}/policy/v1" for s in scopes], c,
+                                              salt=f"r{r}"))
+                rates["gateway_cache_hit"].append(rate)
+                p50["gateway_cache_hit"].append(statistics.median(lat))
+                print(f"round {r}: " + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
+    median = {arm: statistics.median(v) for arm, v in rates.items()}
+    median_p50 = {arm: statistics.median(v) for arm, v in p50.items()}
+    row = {
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "concurrency": c, "requests_per_arm": n, "rounds": args.rounds,
+        **{f"{arm}_per_s": value for arm, value in median.items()},
+        **{f"{arm}_p50_ms": value * 1000 for arm, value in median_p50.items()},
+        "ratio_gateway_vs_direct": median["gateway"] / median["direct"],
+        "ratio_cache_miss_vs_direct": median["gateway_cache_miss"] / median["direct"],
+        "ratio_cache_hit_vs_direct": median["gateway_cache_hit"] / median["direct"],
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([row]), RESULTS)
+    print(f"\ncompletions/s at {c} concurrent requests ({n} per arm, median of {args.rounds} rounds, "
+          f"{os.cpu_count()} CPUs):")
+    for arm in rates:
+        print(f"  {arm:<20} {median[arm]:8.1f}/s   p50 latency {median_p50[arm] * 1000:7.1f} ms")
+    print(f"  gateway / direct     {row['ratio_gateway_vs_direct']:.2f}  (cache off, the default)")
+    print(f"  written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from harness.gateway.server import main
+
+main()

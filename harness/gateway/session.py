@@ -1,0 +1,150 @@
+"""A run's side of the gateway: it registers the run (roles -> upstreams, USD budget),
+gives each rollout and each proposer call its own attributed URL, announces rollouts
+before they start (for the prompt check and the budget), reads the metered spend back
+into the run, and fetches the run's calls for its evidence at the end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import TypeAdapter
+
+from harness.contract import PolicyBlock
+from harness.errors import FailureKind, ServiceError
+from harness.gateway.models import Announcement, CallRecord, RunRegistration, RunSpend, UsageTotals
+
+if TYPE_CHECKING:
+    from harness.llm import ChatClient
+
+_RECORDS = TypeAdapter(list[CallRecord])
+# columns of the model_calls table the gateway does not know: the run fills them in
+_RUN_COLUMNS = ("rollout_id", "proposal_id")
+
+
+class GatewaySession:
+    def __init__(self, gateway_url: str, run_id: str, *, policy_upstream: str, proposer_upstream: str,
+                 budget_usd: float | None = None, timeout_s: float = 60.0):
+        self.gateway_url = gateway_url.rstrip("/")
+        self.run_id = run_id
+        self.registration = RunRegistration(upstreams={"policy": policy_upstream, "proposer": proposer_upstream},
+                                            budget_usd=budget_usd)
+        self.spend = RunSpend(run_id=run_id)
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._proposer_calls = 0
+        self._unassigned: list[str] = []  # proposer scopes not yet tied to a proposal
+        self._proposal_of: dict[str, str] = {}
+        self._rollout_scopes: set[str] = set()
+        self._refused_seen = 0
+
+    async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        try:
+            response = await self._http.request(method, f"{self.gateway_url}{path}", content=body)
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+        if response.status_code != 200:
+            raise ServiceError(f"gateway {method} {path}: HTTP {response.status_code}: {response.text[:300]}",
+                               FailureKind.FATAL)
+        return response
+
+    async def open(self) -> None:
+        await self._request("POST", f"/runs/{self.run_id}", self.registration.model_dump_json())
+
+    def url(self, scope: str, role: str) -> str:
+        return f"{self.gateway_url}/r/{self.run_id}/{quote(scope, safe=':')}/{role}/v1"
+
+    def policy_block(self, base: PolicyBlock, rollout_id: str) -> PolicyBlock:
+        """The rollout's policy block: the container calls the gateway at a URL naming the rollout."""
+        url = self.url(rollout_id, "policy")
+        return base.model_copy(update={"base_url": url, "inference_url": url})
+
+    async def announce(self, scopes: dict[str, str], candidates: dict[str, dict[str, str]], budgeted: bool) -> None:
+        self._rollout_scopes.update(scopes)
+        body = Announcement(scopes=scopes, candidates=candidates, budgeted=budgeted)
+        await self._request("POST", f"/runs/{self.run_id}/scopes", body.model_dump_json())
+
+    def proposer_client(self, client: "ChatClient") -> "ChatClient":
+        """`client` aimed at this run's next proposer scope."""
+        scope = f"proposer-{self._proposer_calls:04d}"
+        self._proposer_calls += 1
+        self._unassigned.append(scope)
+        return client.with_base_url(self.url(scope, "proposer"))
+
+    @property
+    def last_proposer_scope(self) -> str | None:
+        return self._unassigned[-1] if self._unassigned else None
+
+    def assign_proposal(self, proposal_id: str) -> None:
+        """The proposer calls made since the last recorded proposal belong to this one."""
+        for scope in self._unassigned:
+            self._proposal_of[scope] = proposal_id
+        self._unassigned.clear()
+
+    async def refresh(self) -> set[str]:
+        """Read the run's spend; returns the scopes refused (budget) since the last refresh."""
+        response = await self._request("GET", f"/runs/{self.run_id}/spend")
+        self.spend = RunSpend.model_validate_json(response.content)
+        refused = self.spend.refused_scopes[self._refused_seen:]
+        self._refused_seen = len(self.spend.refused_scopes)
+        return set(refused)
+
+    async def calls(self) -> list[CallRecord]:
+        response = await self._request("GET", f"/runs/{self.run_id}/calls")
+        return _RECORDS.validate_json(response.content)
+
+    def rows(self, records: list[CallRecord]) -> list[dict[str, Any]]:
+        """Rows of the model_calls table, in a stable order (replays compare equal)."""
+        rows = []
+        for record in sorted(records, key=lambda r: _call_order(r.call_id)):
+            row = record.model_dump()
+            scope = record.scope or ""
+            row["rollout_id"] = scope if scope in self._rollout_scopes else None
+            row["proposal_id"] = self._proposal_of.get(scope)
+            row["run_id"] = self.run_id
+            rows.append(row)
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """The manifest's `gateway` entry."""
+        spend = self.spend
+        return {
+            "url": self.gateway_url, "cost_usd": spend.cost_usd, "budgeted_cost_usd": spend.budgeted_cost_usd,
+            "unknown_cost_calls": spend.unknown_cost_calls, "budget_usd": spend.budget_usd, "cache": spend.cache, "refused": len(spend.refused_scopes),
+            "prompt_check_misses": spend.prompt_check_misses, "replay_misses": spend.replay_misses,
+            "by_role": {role: totals.model_dump() for role, totals in sorted(spend.by_role.items())},
+        }
+
+    async def close(self) -> None:
+        try:
+            await self._request("DELETE", f"/runs/{self.run_id}")
+        except ServiceError:
+            pass  # the gateway may be gone already; it forgets runs when it stops
+        await self._http.aclose()
+
+
+def role_url(url: str, role: str) -> str:
+    """The same rollout's gateway URL for another role (`grader`, `user_simulator`), so a
+    container's grader or simulator calls are attributed as such. A URL that is not an
+    attributed gateway URL (`.../r/<run>/<scope>/policy/v1`) comes back unchanged."""
+    head, sep, tail = url.rstrip("/").rpartition("/policy/")
+    if not sep or tail != "v1" or "/r/" not in head:
+        return url
+    return f"{head}/{role}/v1"
+
+
+def _call_order(call_id: str) -> tuple[str, int]:
+    scope, _, index = call_id.rpartition("#")
+    return scope, int(index) if index.isdigit() else 0
+
+
+def live_usage_text(spend: RunSpend | UsageTotals | None) -> str:
+    """`policy $x (n calls) | proposer $y (m calls)` for a progress line; ? marks unknown cost."""
+    if spend is None:
+        return ""
+    parts = []
+    for role, totals in sorted(spend.by_role.items()):
+        unknown = "+?" if totals.unknown_cost_calls else ""
+        tokens = totals.prompt_tokens + totals.completion_tokens
+        parts.append(f"{role} ${totals.cost_usd:.4f}{unknown} {totals.calls} calls {tokens:,} tok")
+    return " | ".join(parts)

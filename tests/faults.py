@@ -1,0 +1,112 @@
+"""Helpers shared by the fault-injection tests (test_faults_*.py, test_security.py,
+test_soak.py): the chaos container's spec, small scripted runs, and the evidence checks
+that every fault test ends with (every rollout row present exactly once)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from conftest import make_run_spec
+from harness.evidence.schema import TABLES
+from harness.run import RunOutcome, execute_run
+from harness.services import Endpoints
+from harness.specs import ContainerSpec, RunSpec
+
+TRAIN = [f"train:{i}" for i in range(8)]
+PARETO = [f"train:{i}" for i in range(8, 12)]
+HELDOUT = ["test:0", "test:1", "test:2", "test:3"]
+TABLE_NAMES = tuple(TABLES)  # every table the evidence schema defines
+_INJECTED = re.compile(r"^chaos: injected (?P<kind>\S+) rollout=(?P<rollout>\S+) attempt=(?P<attempt>\d+)$")
+
+
+def chaos_spec(data_dir: Path | str, *flags: str, timeout_s: float = 2.0, **fields: Any) -> ContainerSpec:
+    """The chaos container (Banking77 behind a fault injector) started by the harness with `flags`."""
+    return ContainerSpec(name="chaos", command=["python", "-m", "benchmarks.containers.chaos", *flags],
+                         data_dir=str(data_dir), target_modules=["stage2_system"], request_timeout_s=timeout_s,
+                         **fields)
+
+
+def small_spec(container: ContainerSpec, root: Path | str, *, budget: int = 30, seed: int = 0,
+               params: dict[str, Any] | None = None, **kwargs: Any) -> RunSpec:
+    """A small GEPA run (8 train, 4 pareto, 4 heldout rows) with scripted models."""
+    return make_run_spec(container, root, train=TRAIN, pareto=PARETO, heldout=HELDOUT, max_rollouts=budget,
+                         seed=seed, params={"minibatch_size": 3, **(params or {})}, **kwargs)
+
+
+def run_on(spec: RunSpec, container_url: str, policy_url: str, proposer_url: str | None = None,
+           **kwargs: Any) -> RunOutcome:
+    endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
+    return asyncio.run(execute_run(spec, endpoints, **kwargs))
+
+
+def check_rows_exactly_once(run_dir: Path | str) -> dict[str, Any]:
+    """A finished run's evidence is whole: a manifest, every table readable, every rollout
+    row once (unique ids, seq 0..n-1 without a gap), totals that match the rows. Returns
+    the manifest and the tables as lists of dicts."""
+    run_dir = Path(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        [f"{t}.parquet" for t in TABLE_NAMES] + ["manifest.json"]), f"{run_dir}: stray or missing files"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    out: dict[str, Any] = {"manifest": manifest}
+    for name in TABLE_NAMES:
+        out[name] = pq.read_table(run_dir / f"{name}.parquet").to_pylist()
+    rollouts = out["rollouts"]
+    ids = [r["rollout_id"] for r in rollouts]
+    assert len(ids) == len(set(ids)), f"{run_dir.name}: a rollout row appears twice"
+    assert sorted(r["seq"] for r in rollouts) == list(range(len(rollouts))), f"{run_dir.name}: a rollout row is missing"
+    assert {r["run_id"] for r in rollouts} <= {manifest["run_id"]}
+    totals = manifest["totals"]
+    assert len(rollouts) == totals["rollouts"] + totals["heldout_rollouts"]
+    assert sum(r["status"] != "ok" for r in rollouts) == totals["failed_rollouts"]
+    for row in rollouts:
+        if row["status"] != "ok":  # a failed rollout: recorded with its error, reward 0 for selection
+            assert row["error"] and row["error_kind"] and row["reward"] == 0.0, row
+    return out
+
+
+def injected_faults(log_text: str) -> list[dict[str, str]]:
+    """The chaos container's log lines `chaos: injected KIND rollout=ID attempt=K`, parsed."""
+    return [m.groupdict() for line in log_text.splitlines() if (m := _INJECTED.match(line.strip()))]
+
+
+def count_kinds(faults: list[dict[str, str]]) -> Counter[str]:
+    return Counter(f["kind"] for f in faults)
+
+
+def container_log(log_dir: Path, url: str) -> Path:
+    """The log file Services writes for the container it started at `url`."""
+    port = url.rsplit(":", 1)[1]
+    (path,) = log_dir.glob(f"container-*-{port}.log")
+    return path
+
+
+def text_of(path: Path) -> str:
+    """A file as text for a secret scan: Parquet cells decoded (pages may be compressed)."""
+    raw = path.read_bytes()
+    if path.suffix == ".parquet" and raw[:4] == b"PAR1":
+        table = pq.read_table(path)
+        return json.dumps(table.to_pylist(), default=str, ensure_ascii=False) + str(table.schema.metadata)
+    return raw.decode("utf-8", errors="replace")
+
+
+def assert_no_secret(roots: list[Path], *secrets: str, texts: tuple[str, ...] = ()) -> int:
+    """No secret in any file under `roots` (raw bytes and decoded Parquet) nor in `texts`.
+    Returns how many files were scanned."""
+    scanned = 0
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            raw, text = path.read_bytes(), text_of(path)
+            for secret in secrets:
+                assert secret.encode() not in raw and secret not in text, f"{secret[:6]}... leaked into {path}"
+            scanned += 1
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text, f"{secret[:6]}... leaked into output: {text[:200]}"
+    return scanned

@@ -1,0 +1,275 @@
+"""Container faults, injected by the chaos container (benchmarks/containers/chaos.py: a real
+Banking77 child process with faults chosen per rollout id), through whole runs
+(`harness.run.execute_run`) with the scripted model.
+
+Each fault: transient ones (500, a hang past the timeout) are retried with backoff up to a
+cap and the row ends ok; answers that break the contract (a cut-off JSON body, no reward,
+another rollout id) are failed rows with their error and reward 0; a run whose failed share
+passes its tolerance stops as failed; a container process killed mid-run is restarted once
+through the Services that started it, or the run fails with the reason. The client-level
+behaviour of each fault (one request at a time) is in test_contract_client.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.containers.chaos import FAULT_KINDS, FaultPlan
+from conftest import run_cli
+from faults import (
+    chaos_spec,
+    check_rows_exactly_once,
+    container_log,
+    count_kinds,
+    injected_faults,
+    run_on,
+    small_spec,
+)
+from harness.services import Services
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def chaos(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start chaos containers (one per flag set) for this module; stopped at its end."""
+    log_dir = tmp_path_factory.mktemp("chaos-logs")
+    with Services(log_dir) as services:
+
+        def start(*flags: str, timeout_s: float = 2.0) -> tuple[Any, str]:
+            spec = chaos_spec(data_dir, *flags, timeout_s=timeout_s)
+            return spec, services.container_url(spec)
+
+        start.log_dir = log_dir  # type: ignore[attr-defined]
+        yield start
+
+
+def stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/chaos/stats", timeout=5).json()
+
+
+def faulted_rows(rollouts: list[dict[str, Any]], plan: FaultPlan) -> dict[str, list[dict[str, Any]]]:
+    """Rows by the fault their rollout id was given (recomputed: faults depend on seed and id only)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rollouts:
+        kind = plan.fault_for(row["rollout_id"])
+        by_kind.setdefault(kind or "none", []).append(row)
+    return by_kind
+
+
+# ---------------------------------------------------------------- the chaos container itself
+
+
+def test_faults_are_a_function_of_seed_and_rollout_id() -> None:
+    plan = FaultPlan(rate=0.3, seed=7)
+    ids = [f"run-c{c:04d}-train:{i}" for c in range(20) for i in range(50)]
+    first = [plan.fault_for(i) for i in ids]
+    assert first == [FaultPlan(rate=0.3, seed=7).fault_for(i) for i in ids]  # reproducible
+    assert first != [FaultPlan(rate=0.3, seed=8).fault_for(i) for i in ids]  # the seed matters
+    share = sum(k is not None for k in first) / len(first)
+    assert 0.25 < share < 0.35
+    assert set(first) - {None} == set(FAULT_KINDS)  # every kind is drawn
+    assert all(FaultPlan(rate=0.0).fault_for(i) is None for i in ids[:100])
+    with pytest.raises(ValueError, match="fault kinds"):
+        FaultPlan(kinds=("500", "fire"))
+
+
+# ---------------------------------------------------------------- transient: retried, capped
+
+
+def test_a_500_on_some_rollouts_is_retried_and_every_row_ends_ok(chaos, tmp_path, scripted_policy) -> None:
+    spec_c, url = chaos("--fault-rate", "0.3", "--fault-kinds", "500", "--seed", "1")
+    outcome = run_on(small_spec(spec_c, tmp_path), url, scripted_policy.base_url)
+    assert outcome.status == "done", outcome.error
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    plan = FaultPlan(rate=0.3, kinds=("500",), seed=1)
+    rows = faulted_rows(ev["rollouts"], plan)
+    assert len(rows.get("500", [])) >= 3, "too few rows drew a fault to show anything"
+    assert {r["status"] for r in ev["rollouts"]} == {"ok"}  # each faulted row survived its retry
+    injected = stats(url)["injected"]
+    assert injected["500"] >= len(rows["500"])
+
+
+def test_a_persistent_500_is_retried_up_to_the_cap_then_a_failed_row(chaos, tmp_path, scripted_policy) -> None:
+    spec_c, url = chaos("--fault-rate", "0.2", "--fault-kinds", "500", "--fault-attempts", "0", "--seed", "2")
+    started = time.monotonic()
+    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
+    assert outcome.status == "done", outcome.error  # under the 50% tolerance: the run goes on
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    failed = [r for r in ev["rollouts"] if r["status"] != "ok"]
+    plan = FaultPlan(rate=0.2, kinds=("500",), seed=2, attempts=0)
+    assert failed and {r["rollout_id"] for r in failed} == {r["rollout_id"] for r in faulted_rows(ev["rollouts"], plan)["500"]}
+    for row in failed:
+        assert row["reward"] == 0.0 and row["error_kind"] == "transient"
+        assert row["error"].startswith("POST /rollout failed (transient): HTTP 500")
+    # the cap: each failed row was tried exactly RetryPolicy().attempts times, with backoff between
+    attempts = Counter(f["rollout"] for f in injected_faults(container_log(chaos.log_dir, url).read_text()))
+    assert {attempts[r["rollout_id"]] for r in failed} == {4}
+    assert min(r["latency_s"] for r in failed) > 0.5 * (0.5 + 1 + 2) * 0.9  # jittered 0.5x..1.5x backoff
+    assert time.monotonic() - started < 120
+
+
+def test_a_hang_past_the_timeout_is_retried(chaos, tmp_path, scripted_policy) -> None:
+    spec_c, url = chaos("--fault-rate", "0.25", "--fault-kinds", "hang", "--hang-s", "60", "--seed", "3",
+                        timeout_s=1.0)
+    started = time.monotonic()
+    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
+    assert outcome.status == "done", outcome.error
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    hung = faulted_rows(ev["rollouts"], FaultPlan(rate=0.25, kinds=("hang",), seed=3)).get("hang", [])
+    assert hung and all(r["status"] == "ok" for r in hung)
+    assert all(r["latency_s"] >= 1.0 for r in hung)  # each waited out one timeout, then got its answer
+    assert time.monotonic() - started < 60  # a hang costs the timeout, not the 60 s the container holds it
+
+
+# ---------------------------------------------------------------- broken answers: failed rows, reward 0
+
+
+ERRORS = {
+    "malformed": "/rollout: response is not JSON",
+    "no_reward": "no reward in response",
+    "wrong_id": "/rollout: answered rollout_id",
+}
+
+
+def test_malformed_unrewarded_and_misaddressed_answers_are_failed_rows(chaos, tmp_path, scripted_policy) -> None:
+    spec_c, url = chaos("--fault-rate", "0.25", "--fault-kinds", "malformed,no_reward,wrong_id", "--seed", "4")
+    spec = small_spec(spec_c, tmp_path, budget=30).model_copy(update={"heldout_candidates": "all"})
+    outcome = run_on(spec, url, scripted_policy.base_url)
+    assert outcome.status == "done", outcome.error
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    plan = FaultPlan(rate=0.25, kinds=("malformed", "no_reward", "wrong_id"), seed=4)
+    by_kind = faulted_rows(ev["rollouts"], plan)
+    assert set(by_kind) >= {"malformed", "no_reward", "wrong_id"}, {k: len(v) for k, v in by_kind.items()}
+    for kind, needle in ERRORS.items():
+        for row in by_kind[kind]:
+            assert row["status"] == "error" and row["reward"] == 0.0 and needle in row["error"], row
+    assert all(r["status"] == "ok" for r in by_kind.get("none", []))
+    # not retried: a contract violation is not transient (one attempt per faulted id)
+    attempts = Counter(f["rollout"] for f in injected_faults(container_log(chaos.log_dir, url).read_text()))
+    assert set(attempts.values()) == {1}
+    # selection saw the failures as 0: every score in the manifest is the mean of the rows' rewards
+    rewards: dict[tuple[str, str], float] = {(r["candidate_id"], r["task_id"]): r["reward"] for r in ev["rollouts"]}
+    for scored in ev["manifest"]["heldout"]:
+        cid = scored["candidate_id"]
+        heldout = [rewards[(cid, t)] for t in spec.pools.heldout if (cid, t) in rewards]
+        if len(heldout) == len(spec.pools.heldout):
+            assert scored["heldout_score"] == pytest.approx(sum(heldout) / len(heldout))
+        pareto = [rewards.get((cid, t)) for t in spec.pools.pareto]
+        if scored["pareto_score"] is not None and None not in pareto:
+            assert scored["pareto_score"] == pytest.approx(sum(pareto) / len(pareto))
+
+
+@pytest.mark.parametrize("tolerance, status", [(0.5, "failed"), (0.95, "done")])
+def test_a_failure_rate_past_the_tolerance_stops_the_run(chaos, tmp_path, scripted_policy, tolerance, status) -> None:
+    spec_c, url = chaos("--fault-rate", "0.7", "--fault-kinds", "no_reward", "--seed", "5")
+    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url, max_error_rate=tolerance)
+    assert outcome.status == status
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    assert ev["manifest"]["status"] == status
+    if status == "failed":
+        assert outcome.error is not None
+        assert "rollouts failed (tolerance 50%); last error: no reward in response" in outcome.error
+        assert ev["manifest"]["error"] == outcome.error
+        assert [e["message"] for e in ev["events"] if e["kind"] == "error"] == [outcome.error]
+
+
+# ---------------------------------------------------------------- the container process dies
+
+
+def kill_after(url: str, pid: int, rollouts: int) -> threading.Thread:
+    """SIGKILL the container process once it has received `rollouts` rollout requests."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if stats(url)["received"] >= rollouts:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, tmp_path, scripted_policy) -> None:
+    with Services(tmp_path / "logs") as services:
+        spec_c = chaos_spec(data_dir)
+        url = services.container_url(spec_c)
+        first_pid = stats(url)["pid"]
+        watcher = kill_after(url, first_pid, rollouts=10)
+        outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
+                         restart_container=services.restarter(url))
+        watcher.join()
+        assert services.restarts() == {url: 1}
+        assert stats(url)["pid"] != first_pid  # a new process, on the same url
+    assert outcome.status == "done", outcome.error
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    # the rollouts in flight when it died were sent again after the restart: none failed
+    assert {r["status"] for r in ev["rollouts"]} == {"ok"}
+    kinds = [e["kind"] for e in ev["events"]]
+    assert kinds.count("container_restart") == kinds.count("container_restarted") == 1
+
+
+@pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])
+def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tmp_path, scripted_policy, case) -> None:
+    """--die-after 6: the process exits at its 7th rollout request (and again after a restart)."""
+    with Services(tmp_path / "logs", max_restarts=0 if case == "no_restarts_left" else 3) as services:
+        started = chaos_spec(data_dir, "--die-after", "6")
+        url = services.container_url(started)
+        spec_c = started
+        attaching = Services(tmp_path / "attached-logs")
+        if case == "attached":  # the same process, attached by url: not this harness's to restart
+            spec_c = started.model_copy(update={"command": None, "url": url})
+            attaching.container_url(spec_c)
+            hook = attaching.restarter(url)
+        else:
+            hook = services.restarter(url)
+        with attaching:
+            outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
+                             restart_container=hook)
+    assert outcome.status == "failed"
+    expected = {
+        "dies_again": "container chaos stopped answering again after a restart: POST /rollout failed (transient): "
+                      "ConnectError",
+        "attached": "container chaos stopped answering and the restart failed: container chaos at "
+                    f"{url} is attached, not started by the harness: cannot restart it",
+        "no_restarts_left": f"container chaos stopped answering and the restart failed: container chaos at {url} "
+                            "died again after 0 restart(s): not restarting it",
+    }[case]
+    assert outcome.error == expected
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    assert ev["manifest"]["status"] == "failed" and ev["manifest"]["error"] == expected
+    failed = [r for r in ev["rollouts"] if r["status"] != "ok"]
+    assert failed and all("ConnectError" in r["error"] for r in failed)
+
+
+def test_the_cli_restarts_a_container_that_dies(tmp_path, data_dir) -> None:
+    """`python -m harness container=chaos` whose process exits mid-run: restarted, run done."""
+    evidence = tmp_path / "evidence"
+    command = "['python','-m','benchmarks.containers.chaos','--die-after','14']"
+    result = run_cli("models=scripted", "container=chaos", f"container.command={command}",
+                     f"evidence_root={evidence}", f"data_dir={data_dir}", "budget.max_rollouts=24",
+                     "pools.train.count=8", "pools.pareto.count=4", "pools.heldout.count=4", timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
+    ev = check_rows_exactly_once(run_dir)
+    assert ev["manifest"]["status"] == "done"
+    assert [e["kind"] for e in ev["events"]].count("container_restarted") == 1
+    logs = "".join(p.read_text() for p in (evidence / "local" / "logs").glob("container-chaos-*.log"))
+    assert "chaos: exiting after 14 rollouts" in logs
+    assert 0 < json.loads((run_dir / "manifest.json").read_text())["totals"]["rollouts"] <= 24
