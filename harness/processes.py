@@ -66,6 +66,12 @@ class ManagedProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (`wait_ready` waits): two services can
+        then come up side by side, both still children of this thread."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         env = {k: v for k, v in {**os.environ, **(self.env or {})}.items() if k not in self.unset_env}
@@ -79,6 +85,8 @@ class ManagedProcess:
             raise PreflightError(f"cannot start {self.name}: {exc}") from exc
         finally:
             log.close()
+
+    def wait_ready(self) -> None:
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:

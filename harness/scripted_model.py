@@ -87,9 +87,28 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
+# The reference gepa library sends its reflection prompt as one user message.
+LIBRARY_REFLECTION_MARKER = "I provided an assistant with the following instructions"
+_LIBRARY_FENCE_RE = re.compile(r"```[a-zA-Z]*\n(.*?)```", re.S)
+_LIBRARY_SECTIONS = {"## Inputs": "Input:", "## Generated Outputs": "Output:", "## Feedback": "Feedback:"}
+
+
 def _role(messages: list[dict[str, Any]]) -> str:
     system = next((m["content"] for m in messages if m.get("role") == "system"), "")
-    return "proposer" if system.lstrip().startswith(PROPOSER_MARKER) else "policy"
+    if system.lstrip().startswith(PROPOSER_MARKER) or LIBRARY_REFLECTION_MARKER in _last_user(messages):
+        return "proposer"
+    return "policy"
+
+
+def _from_library_prompt(text: str) -> str:
+    """Rewrite the gepa library's reflection prompt into the example format `rules` parses."""
+    fence = _LIBRARY_FENCE_RE.search(text)
+    current = fence.group(1).strip("\n") if fence else ""
+    body = text[fence.end():] if fence else text
+    body = re.sub(r"^# Example (\d+)\s*$", r"### Example \1", body, flags=re.M)
+    for heading, section in _LIBRARY_SECTIONS.items():
+        body = re.sub(rf"^{re.escape(heading)}\s*$", section, body, flags=re.M)
+    return f"{CURRENT_OPEN}\n{current}\n{CURRENT_CLOSE}\n{body}"
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -159,7 +178,12 @@ class RulesScript(Script):
     name = "rules"
 
     def reply(self, messages: list[dict[str, Any]], role: str) -> str:
-        return self._propose(_last_user(messages)) if role == "proposer" else self._answer(messages)
+        if role != "proposer":
+            return self._answer(messages)
+        text = _last_user(messages)
+        if LIBRARY_REFLECTION_MARKER in text and CURRENT_OPEN not in text:
+            text = _from_library_prompt(text)
+        return self._propose(text)
 
     @staticmethod
     def _answer(messages: list[dict[str, Any]]) -> str:
@@ -308,6 +332,7 @@ class FlakyScript(RulesScript):
             return None
         kind = options.kinds[int.from_bytes(key[8:16], "big") % len(options.kinds)]
         self.faults[kind] += 1
+        print(f"flaky: injected {kind}", file=sys.stderr, flush=True)  # the server's log keeps the count
         return kind
 
 
@@ -512,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
         script = make_script(args.script, load_replies(args.replies))
     except (OSError, ValueError) as exc:
         parser.exit(2, f"error: {exc}\n")
-    uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning")
+    # bounded shutdown: a `slow` request must not keep this process alive after SIGTERM
+    uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,7 @@ class Services:
         neither a key nor the name of its variable."""
         assert self.gateway is not None
         self.protect_keys(policy, proposer)
+        self.gateway.spawn()
         container_url = self.container_url(container)
         policy_upstream, policy_url = self.gateway.route(policy, self.model_url(policy))
         proposer_upstream, proposer_url = self.gateway.route(proposer, self.model_url(proposer))

@@ -122,9 +122,10 @@ def test_services_bind_to_loopback_unless_told_otherwise(data_dir, tmp_path) -> 
 class EchoingModel:
     """A hosted-like OpenAI endpoint that wants its bearer key and, like some proxies, puts
     the request's Authorization header into every error body. Requests whose last user
-    message contains one of `fail_on` (or every request, with fail_on=None) fail with 503."""
+    message contains one of `fail_on` (or every request, with fail_on=None) fail with
+    `status` (503: retried by the clients; 400: not retried)."""
 
-    def __init__(self, key: str, answer: str, fail_on: tuple[str, ...] | None = ()):
+    def __init__(self, key: str, answer: str, fail_on: tuple[str, ...] | None = (), status: int = 503):
         self.calls = {"ok": 0, "failed": 0, "refused": 0}
         self.app = FastAPI()
 
@@ -139,7 +140,7 @@ class EchoingModel:
             if fail_on is None or any(word in user for word in fail_on):
                 self.calls["failed"] += 1
                 return JSONResponse({"error": {"message": f"overloaded; you sent Authorization: {auth}"}},
-                                    status_code=503)
+                                    status_code=status)
             self.calls["ok"] += 1
             return JSONResponse({"choices": [{"message": {"role": "assistant", "content": answer},
                                               "finish_reason": "stop"}],
@@ -210,8 +211,9 @@ def test_no_key_anywhere_through_the_cli(data_dir, tmp_path, monkeypatch) -> Non
             "HARNESS_TEST_PROPOSER_KEY": f"xk-{uuid.uuid4().hex}"}
     for name, value in keys.items():
         monkeypatch.setenv(name, value)
-    policy_model = EchoingModel(keys["HARNESS_TEST_POLICY_KEY"], "card_arrival", fail_on=("card",))
-    proposer_model = EchoingModel(keys["HARNESS_TEST_PROPOSER_KEY"], "", fail_on=None)
+    # 400s (not retried) keep this run short whatever retries the default path adds
+    policy_model = EchoingModel(keys["HARNESS_TEST_POLICY_KEY"], "card_arrival", fail_on=("card",), status=400)
+    proposer_model = EchoingModel(keys["HARNESS_TEST_PROPOSER_KEY"], "", fail_on=None, status=400)
     evidence = tmp_path / "evidence"
     with ServerThread(policy_model.app) as policy_server, ServerThread(proposer_model.app) as proposer_server:
         result = run_cli(

@@ -28,14 +28,13 @@ EDIT_FORMATS = ("rules", "answer_guide", "rewrite")
 _FORMAT_ASK = {
     "rules": (
         "Write 2 to 6 new rules that would have fixed the wrong answers above. One rule per line, "
-        "each starting with '- ', each naming the kind of input and the exact answer to give, "
-        "for example: - If the message is about <topic>, answer: <answer>\n"
-        "Reply with the rule lines only."
+        "each starting with '- If the message', saying what kind of message it is in your own words "
+        "and the exact expected answer from the feedback.\nReply with the rule lines only."
     ),
     "answer_guide": (
-        "For each expected answer that the model missed above, write one line that explains when "
-        "that answer is correct, so the model can tell it apart from the answer it gave. Format: "
-        "- <answer>: <when to use it>\nReply with those lines only."
+        "For each expected answer that the model missed above, write one line that starts with that "
+        "answer, then a colon, then what kind of message calls for it, in your own words, so the model "
+        "can tell it apart from the answer it gave.\nReply with those lines only."
     ),
     "rewrite": (
         "Write an improved version of the whole instruction that keeps what works and fixes the "
@@ -48,6 +47,9 @@ _SECTION_HEADING = {"rules": "Rules learned from mistakes:", "answer_guide": "An
 _HIDDEN_ROW_FIELDS = frozenset({"task_id", "split", "seed", "source_row"})
 _FENCE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
+# Lines a small model copies from the request instead of writing: template placeholders,
+# feedback echoes, and non-answers.
+_JUNK_LINE = re.compile(r"<[a-z _]+>|the answer was|answer:\s*`?(unknown|not_determined|none)`?\s*$", re.I)
 
 
 class ProposalText(BaseModel):
@@ -107,7 +109,7 @@ def _new_lines(reply: str, module_text: str) -> list[str]:
             continue
         line = "- " + match.group(1).strip()
         key = line.lower()
-        if key not in existing and key not in seen and len(line) > 4:
+        if key not in existing and key not in seen and len(line) > 4 and not _JUNK_LINE.search(line):
             seen.add(key)
             lines.append(line)
     return lines

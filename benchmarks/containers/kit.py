@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 
+SHUTDOWN_GRACE_S = 3.0  # seconds in-flight requests get after SIGTERM before they are cut off
+
 
 @dataclass(frozen=True)
 class RolloutEnv:
@@ -336,4 +338,7 @@ def serve(container_factory: Callable[[str | None], TaskContainer], argv: list[s
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     app = build_app(container, api_key_env=args.api_key_env, policy_key_env=args.policy_key_env)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # bounded shutdown: on SIGTERM (also the harness's death signal) a request that hangs
+    # (a stuck policy call) must not keep this process alive after the harness is gone
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

@@ -91,6 +91,12 @@ class GatewayServer(_Handle):
     def start(self) -> None:
         self._proc.start()
 
+    def spawn(self) -> None:
+        self._proc.spawn()
+
+    def wait_ready(self) -> None:
+        self._proc.wait_ready()
+
     def stop(self) -> None:
         self._proc.stop()
 

@@ -44,13 +44,21 @@ class GatewayService:
         self.log_dir = log_dir
         self._server: GatewayServer | None = None
         self._registered: dict[str, Upstream] = {}
+        self._ready = False
+
+    def spawn(self) -> None:
+        """Start the process (if not yet) without waiting: it boots while a container does."""
+        if self._server is None:
+            self._server = GatewayServer(self.settings, log_dir=self.log_dir)
+            self._server.spawn()
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            server = GatewayServer(self.settings, log_dir=self.log_dir)
-            server.start()
-            self._server = server
+        self.spawn()
+        assert self._server is not None
+        if not self._ready:
+            self._server.wait_ready()
+            self._ready = True
         return self._server.url
 
     def route(self, spec: ModelSpec, base_url: str) -> tuple[str, str]:
@@ -75,4 +83,4 @@ class GatewayService:
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop()
-            self._server = None
+            self._server, self._ready = None, False

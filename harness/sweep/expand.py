@@ -74,7 +74,9 @@ def parse_sweep(raw: dict[str, Any]) -> SweepSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"sweep '{where}': {err['msg'].removeprefix('Value error, ')}") from exc
+        message = err["msg"].removeprefix("Value error, ")
+        # a check of the whole sweep (an empty axis, a bad zip) has no field to name
+        raise ConfigError(f"sweep '{where}': {message}" if where else f"sweep: {message}") from exc
 
 
 def pinned_keys(user_overrides: list[str]) -> dict[str, str]:

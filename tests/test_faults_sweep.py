@@ -1,0 +1,266 @@
+"""Sweep and disk faults: a Ray worker process killed mid-run (a real RunWorker, by its pid),
+a container process that dies mid-sweep (restarted by the driver, which owns it, at a
+run's request), the driver killed with SIGKILL alone and started again, and an evidence
+disk that is full or read-only.
+
+Kept elsewhere: the driver's whole process group killed and resumed, a worker dying twice
+(fake worker, os._exit) and the limiter slots it held (test_sweep_ray.py); an evidence root
+under a regular file (test_evidence.py, test_bad_input.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import container_spec
+from faults import check_rows_exactly_once, run_on, small_spec
+from harness.errors import HarnessError
+from harness.evidence.writer import EvidenceLocation
+from harness.scripted_model import ScriptedModelThread
+from harness.sweep.store import SweepStore
+from test_sweep_ray import (
+    SweepProcess,
+    check_evidence_complete,
+    descendants,
+    index_rows,
+    kill_all,
+    manifests,
+    run_sweep,
+    still_alive,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.timeout(400)
+
+_WORKER = re.compile(r"run (?P<run_id>[0-9a-f]{16}) start: .* worker pid (?P<pid>\d+)")
+
+
+def sweep_configs(root: Path, *, die_after: int | None = None, fault_rate: float = 0.0) -> Path:
+    """Test-only Hydra options: a small chaos container (optionally dying) and small pools."""
+    flags = ["--fault-rate", str(fault_rate), "--seed", "0", "--hang-s", "30"]
+    if die_after is not None:
+        flags += ["--die-after", str(die_after)]
+    command = ", ".join(["python", "-m", "benchmarks.containers.chaos", *(f'"{f}"' for f in flags)])
+    (root / "container").mkdir(parents=True, exist_ok=True)
+    (root / "container" / "chaos_small.yaml").write_text(
+        "# @package _global_\ncontainer:\n  name: chaos_small\n"
+        f"  command: [{command}]\n  data_dir: ${{data_dir}}\n  target_modules: [stage2_system]\n"
+        "  request_timeout_s: 2\n"
+        "pools:\n  train: {split: train, start: 0, count: 20}\n  pareto: {split: train, start: 20, count: 8}\n"
+        "  heldout: {split: test, start: 0, count: 10}\n  allow_overlap: false\n")
+    return root
+
+
+def worker_starts(log_dir: Path) -> list[tuple[str, int]]:
+    """(run id, worker pid) of every run attempt started so far, from the per-run logs."""
+    found = []
+    for path in sorted(log_dir.glob("*.log")):
+        for match in _WORKER.finditer(path.read_text(errors="replace")):
+            found.append((match["run_id"], int(match["pid"])))
+    return found
+
+
+# ---------------------------------------------------------------- Ray workers
+
+
+def test_a_worker_killed_mid_run_is_retried_on_a_fresh_worker(tmp_path, data_dir) -> None:
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    sweep = SweepProcess(evidence, data_dir, "sweep.containers=[banking77]", "sweep.seeds=[0,1,2]",
+                         "budget.max_rollouts=120", "ray.max_runs_in_flight=1", log=tmp_path / "sweep.log")
+    try:
+        deadline = time.monotonic() + 240
+        while not (starts := worker_starts(sweep_dir / "logs")):
+            assert time.monotonic() < deadline and sweep.proc.poll() is None, sweep.output()[-3000:]
+            time.sleep(0.1)
+        victim_run, victim_pid = starts[0]
+        log = sweep_dir / "logs" / f"{victim_run}.log"
+        while " rollouts, best " not in log.read_text():  # it is rolling out: kill it mid-run
+            assert time.monotonic() < deadline and sweep.proc.poll() is None, sweep.output()[-3000:]
+            time.sleep(0.05)
+        assert victim_run not in manifests(sweep_dir), "the run finished before it could be killed"
+        os.kill(victim_pid, signal.SIGKILL)
+        code = sweep.proc.wait(300)
+        assert code == 0, sweep.output()[-3000:]
+    finally:
+        sweep.close()
+    rows = {r["run_id"]: r for r in index_rows(sweep_dir)}
+    assert len(rows) == 3 and {r["status"] for r in rows.values()} == {"done"}
+    assert rows[victim_run]["attempts"] == 2  # retried once, on another worker
+    assert all(r["attempts"] == 1 for run_id, r in rows.items() if run_id != victim_run)
+    pids = [pid for run_id, pid in worker_starts(sweep_dir / "logs") if run_id == victim_run]
+    assert len(pids) == 2 and pids[0] == victim_pid != pids[1]
+    check_evidence_complete(sweep_dir, set(rows))
+    for run_id in rows:
+        check_rows_exactly_once(sweep_dir / run_id)
+
+
+# ---------------------------------------------------------------- a container dies mid-sweep
+
+
+def test_a_container_that_dies_mid_sweep_is_restarted_by_the_driver(tmp_path, data_dir) -> None:
+    """Four runs share one chaos container that exits at its 151st rollout request: the
+    runs in flight ask the driver (through the sweep board) to restart it, and carry on."""
+    configs = sweep_configs(tmp_path / "configs", die_after=150)
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    out = run_sweep(evidence, data_dir, f"hydra.searchpath=[file://{configs}]", "sweep.containers=[chaos_small]",
+                    "sweep.seeds=[0,1,2,3]", "budget.max_rollouts=40")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {r["run_id"]: r for r in index_rows(sweep_dir)}
+    assert len(rows) == 4 and {r["status"] for r in rows.values()} == {"done"}
+    check_evidence_complete(sweep_dir, set(rows))
+    restarted = []
+    for run_id in rows:
+        ev = check_rows_exactly_once(sweep_dir / run_id)
+        assert {r["status"] for r in ev["rollouts"]} == {"ok"}  # in-flight rollouts were sent again
+        if any(e["kind"] == "container_restarted" for e in ev["events"]):
+            restarted.append(run_id)
+    assert restarted, "no run saw the container die"
+    (log,) = (sweep_dir / "logs").glob("container-chaos_small-*.log")
+    assert log.read_text().count("chaos: exiting after 150 rollouts") == 1
+
+
+# ---------------------------------------------------------------- the driver is killed
+
+
+def test_the_driver_killed_alone_then_started_again(tmp_path, data_dir) -> None:
+    """`kill -9` of the driver process only (not its group), with 5% container faults;
+    then the same command again: every run once, finished ones not redone, no partial file,
+    no duplicated row, failed rollouts recorded once with their error."""
+    configs = sweep_configs(tmp_path / "configs", fault_rate=0.05)
+    evidence = tmp_path / "evidence"
+    sweep_dir = evidence / "smoke"
+    overrides = (f"hydra.searchpath=[file://{configs}]", "sweep.containers=[chaos_small]", "sweep.seeds=[0,1,2,3,4,5]",
+                 "budget.max_rollouts=80")
+    sweep = SweepProcess(evidence, data_dir, *overrides, log=tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 240
+        while not manifests(sweep_dir):
+            assert time.monotonic() < deadline and sweep.proc.poll() is None, sweep.output()[-3000:]
+            sweep.snapshot()
+            time.sleep(0.1)
+        tree = sweep.snapshot()
+        finished_before = manifests(sweep_dir)
+        assert len(finished_before) < 6, "the sweep finished before it could be killed"
+        os.kill(sweep.proc.pid, signal.SIGKILL)
+        sweep.proc.wait(30)
+        # what the driver started in its own sessions (containers, model servers) follows it
+        services = {pid: v for pid, v in tree.items() if v[0] == pid}
+        left = wait_gone(services, 30)
+        assert services and left == {}, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+        kill_all(tree)  # Ray's processes: whatever is left, so later tests have the machine
+    finally:
+        sweep.close()
+    assert still_alive(sweep.seen) == {}
+    second = run_sweep(evidence, data_dir, *overrides)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    grid = {g["run_id"] for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    rows = index_rows(sweep_dir)
+    assert sorted(r["run_id"] for r in rows) == sorted(grid) and len(grid) == 6  # each run once
+    status = {r["run_id"]: r["status"] for r in rows}
+    assert {i for i, s in status.items() if s == "skipped"} == finished_before  # not redone
+    assert set(status.values()) == {"done", "skipped"}
+    check_evidence_complete(sweep_dir, grid)
+    failed_rows = 0
+    for run_id in grid:
+        ev = check_rows_exactly_once(sweep_dir / run_id)
+        failed_rows += sum(r["status"] != "ok" for r in ev["rollouts"])
+    assert failed_rows > 0  # the faults were there, and each failed rollout is one row
+
+
+# ---------------------------------------------------------------- the evidence disk
+
+
+def _mount_tmpfs(path: Path, options: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (unmounted afterwards)."""
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "size=64k")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave_bytes: int) -> Path:
+    """Fill `disk` with one file until about `leave_bytes` are free."""
+    filler = disk / "filler"
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    filler.write_bytes(b"\0" * max(0, free - leave_bytes))
+    return filler
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("free_kib", [4, 16, 24])
+def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tiny_disk, free_kib, data_dir, banking77_url,
+                                                                  scripted_policy) -> None:
+    """With 4, 16 or 24 KiB free, the disk fills at a different table (here: rollouts,
+    proposals, events); each
+    time: a HarnessError naming the file and the cause, and nothing of the run left."""
+    fill(tiny_disk, free_kib * 1024)
+    spec = small_spec(container_spec("banking77", data_dir), tiny_disk / "evidence", budget=30)
+    with pytest.raises(HarnessError) as caught:
+        run_on(spec, banking77_url, scripted_policy.base_url)
+    message = str(caught.value)
+    assert message.startswith(f"cannot write evidence {tiny_disk}/evidence/local/{spec.run_id}/")
+    assert "No space left on device" in message and "\n" not in message
+    assert files_under(tiny_disk) == ["filler"]  # no table, no manifest, no temporary file
+    assert not (tiny_disk / "evidence" / "local" / spec.run_id).exists()
+
+
+def test_a_full_disk_keeps_the_previous_sweep_index(tiny_disk) -> None:
+    store = SweepStore(str(tiny_disk / "evidence"), "s")
+    row = {"run_id": "r0", "status": "done", "seed": 0, "attempts": 1}
+    store.write_index([row])
+    fill(tiny_disk, 4096)
+    many = [{**row, "run_id": f"r{i}", "error": os.urandom(64).hex()} for i in range(2000)]
+    with pytest.raises(HarnessError, match=r"cannot write .*/s/index.parquet: .*No space left on device"):
+        store.write_index(many)
+    assert files_under(tiny_disk) == ["evidence/s/index.parquet", "filler"]
+    assert pq.read_table(tiny_disk / "evidence" / "s" / "index.parquet").to_pylist()[0]["run_id"] == "r0"
+
+
+def test_a_read_only_evidence_disk_fails_before_any_rollout(tmp_path, data_dir, banking77_url) -> None:
+    """As root, directory permissions do not stop a write (test_evidence.py skips that
+    case); a read-only mount does."""
+    disk = tmp_path / "ro"
+    _mount_tmpfs(disk, "ro,size=64k")
+    try:
+        with ScriptedModelThread("rules") as policy:
+            with pytest.raises(HarnessError, match=r"^evidence directory .*/ro/local is not writable: .*Read-only"):
+                run_on(small_spec(container_spec("banking77", data_dir), disk, budget=10), banking77_url,
+                       policy.base_url)
+            assert asyncio.run(_served(policy.stats_url)) == 0  # no rollout, no proposal
+        assert files_under(disk) == []
+        with pytest.raises(HarnessError, match="is not writable"):
+            EvidenceLocation(str(disk), "s", "r").check_writable()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+async def _served(stats_url: str) -> int:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        return (await client.get(stats_url)).json()["total"]
