@@ -132,7 +132,8 @@ class RunContext:
         budget = self.spec.budget
         if budget.max_wall_s is not None and self.elapsed() >= budget.max_wall_s:
             return "max_wall_s"
-        if budget.max_cost_usd is not None and (self.usage.cost_usd >= budget.max_cost_usd or self.usage.budget_refused):
+        spent = self.usage.cost_usd
+        if budget.max_cost_usd is not None and (spent >= budget.max_cost_usd or self.usage.budget_refused):
             return "max_cost_usd"
         if budget.max_generations is not None and generation is not None and generation >= budget.max_generations:
             return "max_generations"
@@ -204,6 +205,9 @@ class RunContext:
             reason = self.stop_reason()
             if reason is None and len(todo) > self.rollouts_left:
                 reason = "max_rollouts"
+            if reason is None and self.gateway is not None and self.gateway.over_budget(
+                    rollouts=len(todo), rollouts_done=self.usage.rollouts):
+                reason = "max_cost_usd"
             if reason is not None:
                 raise BudgetExhausted(reason)
         if todo:
@@ -287,6 +291,13 @@ class RunContext:
                 raise
         return await self.client.rollout(request)
 
+    def restarted_before_start(self, error: str) -> None:
+        """Preflight found the container dead and restarted it: that was this run's restart."""
+        self._container_restarts = 1
+        name = self.spec.container.name
+        self.event("container_restart", f"container {name} did not answer preflight; restarting it", error=error)
+        self.event("container_restarted", f"container {name} answers again")
+
     async def _revive_container(self, generation: int, error: str) -> bool:
         """True when the container answers again (restarted by this call or by a concurrent
         rollout since `generation`); False, with the run marked lost, when it cannot be."""
@@ -343,8 +354,12 @@ class RunContext:
         reason = self.stop_reason()
         if reason in ("max_cost_usd", "max_wall_s"):
             raise BudgetExhausted(reason)
+        if self.gateway is not None and self.gateway.over_budget(proposer_calls=1):
+            raise BudgetExhausted("max_cost_usd")
         # A seed drawn from the run's RNG keeps sampled proposals reproducible.
-        client = self.gateway.proposer_client(self.proposer_client) if self.gateway is not None else self.proposer_client
+        client = self.proposer_client
+        if self.gateway is not None:  # one attributed URL per proposer call
+            client = self.gateway.proposer_client(client)
         try:
             result = await client.complete(
                 messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))

@@ -16,11 +16,11 @@ from harness.candidates import Candidate, mean_reward
 from harness.client import ContainerClient, Gate
 from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
-from harness.errors import HarnessError
+from harness.errors import HarnessError, PreflightError, Unreachable
 from harness.evidence.writer import EvidenceLocation
 from harness.gateway.session import GatewaySession
 from harness.llm import ChatClient
-from harness.preflight import preflight
+from harness.preflight import PreflightResult, preflight
 from harness.pricing import PRICE_TABLE_VERSION
 from harness.services import Endpoints
 from harness.specs import RunSpec
@@ -127,7 +127,7 @@ async def execute_run(
                           api_key_env=None if gateway else spec.proposer.api_key_env,
                           timeout_s=spec.proposer.timeout_s, gate=proposer_gate)
     try:
-        checked = await preflight(client, spec, spec.container.target_modules)
+        checked, restarted_for = await _preflight(client, spec, restart_container)
         if gateway is not None:
             await gateway.open()
         policy = PolicyBlock(provider=spec.policy.provider, model=spec.policy.model, base_url=endpoints.policy_url,
@@ -136,6 +136,8 @@ async def execute_run(
                          rows=checked.rows, observer=observer, max_error_rate=max_error_rate,
                          restart_container=restart_container, gateway=gateway)
         ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
+        if restarted_for is not None:
+            ctx.restarted_before_start(restarted_for)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
         t_opt = time.monotonic()
         try:
@@ -148,7 +150,8 @@ async def execute_run(
             ctx.event("error", str(exc))
         model_calls, gateway_summary = await _gateway_evidence(ctx)
         finished = time.monotonic()
-        _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status, error=error, stop_reason=stop_reason, best_id=best_id,
+        _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
+               error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at,
                timings={"wall_s": finished - t0, "preflight_s": t_opt - t0, "optimize_s": t_heldout - t_opt,
                         "heldout_s": finished - t_heldout})
@@ -168,6 +171,23 @@ async def execute_run(
         rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts, tokens=ctx.usage.tokens,
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
     )
+
+
+async def _preflight(client: ContainerClient, spec: RunSpec, restart: Callable[[], Awaitable[None]] | None,
+                     ) -> tuple[PreflightResult, str | None]:
+    """Preflight. A container that refuses the connection (its process died since it was
+    started, e.g. while another run of the sweep used it) is restarted through the hook and
+    checked again; returns the result and the error that called for the restart, if any."""
+    try:
+        return await preflight(client, spec, spec.container.target_modules), None
+    except PreflightError as exc:
+        if restart is None or not isinstance(exc.__cause__, Unreachable):
+            raise
+        try:
+            await restart()
+        except HarnessError as failed:
+            raise PreflightError(f"{exc}; restarting it failed: {failed}") from failed
+        return await preflight(client, spec, spec.container.target_modules), str(exc)
 
 
 def _gateway_session(spec: RunSpec, endpoints: Endpoints) -> GatewaySession | None:

@@ -225,6 +225,27 @@ def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, 
     assert kinds.count("container_restart") == kinds.count("container_restarted") == 1
 
 
+def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, scripted_policy) -> None:
+    """The process died between runs (e.g. under another run of a sweep): this run's
+    preflight finds nothing listening, restarts it, and the run goes ahead."""
+    with Services(tmp_path / "logs") as services:
+        spec_c = chaos_spec(data_dir)
+        url = services.container_url(spec_c)
+        os.kill(stats(url)["pid"], signal.SIGKILL)
+        with pytest.raises(httpx.ConnectError):
+            for _ in range(100):
+                httpx.get(f"{url}/health", timeout=1)
+                time.sleep(0.05)
+        outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url,
+                         restart_container=services.restarter(url))
+        assert services.restarts() == {url: 1}
+    assert outcome.status == "done", outcome.error
+    ev = check_rows_exactly_once(outcome.evidence_dir)
+    kinds = [e["kind"] for e in ev["events"]]
+    assert kinds[:3] == ["start", "container_restart", "container_restarted"]
+    assert "GET /health failed (transient): ConnectError" in json.loads(ev["events"][1]["data_json"])["error"]
+
+
 @pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])
 def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tmp_path, scripted_policy, case) -> None:
     """--die-after 6: the process exits at its 7th rollout request (and again after a restart)."""

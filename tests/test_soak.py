@@ -2,7 +2,7 @@
 injected at 5 percent everywhere, bounded in time and count:
 
 - the chaos container (keyed) fails 5% of rollout ids once (500, hang, cut-off JSON, no
-  reward, another rollout id) and its process exits every 600 rollout requests;
+  reward, another rollout id) and its process exits every 400 rollout requests;
 - the scripted policy and proposer (`flaky`) fail 5% of distinct requests once (429 with
   and without Retry-After, 503, slow, garbled body, empty completion).
 
@@ -34,7 +34,7 @@ from test_sweep_ray import check_evidence_complete, index_rows, sweep_env
 
 RUNS = 50
 BUDGET = 20
-DIE_AFTER = 600
+DIE_AFTER = 400
 FAULT_RATE = 0.05
 WALL_LIMIT_S = 420
 _FLAKY = re.compile(r"^flaky: injected (\S+)$", re.M)

@@ -52,23 +52,25 @@ def messages(i: int, salt: str) -> list[ChatMessage]:
 
 
 async def drive(urls: list[str], concurrency: int, salt: str) -> tuple[float, list[float]]:
-    """(completions per second, per-call latencies) for one call to each URL, `concurrency` at a time."""
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as http:
-        base = ChatClient(urls[0], "scripted-rules", client=http)
-        queue = list(enumerate(urls))
-        latencies: list[float] = []
+    """(completions per second, per-call latencies) for one call to each URL, `concurrency` at a time.
+    One connection per worker: httpx's pool costs the square of the calls in flight, which
+    would make the load generator, not the path under test, the bottleneck."""
+    queue = list(enumerate(urls))
+    latencies: list[float] = []
 
-        async def worker() -> None:
+    async def worker() -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(timeout=120.0, limits=limits) as http:
+            base = ChatClient(urls[0], "scripted-rules", client=http)
             while queue:
                 i, url = queue.pop()
                 started = time.perf_counter()
                 await base.with_base_url(url).complete(messages(i, salt), max_tokens=8, seed=i)
                 latencies.append(time.perf_counter() - started)
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
     return len(urls) / elapsed, latencies
 
 

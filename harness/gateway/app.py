@@ -16,260 +16,23 @@ start), `GET /runs/<id>/spend`, `GET /runs/<id>/calls`, `DELETE /runs/<id>`, `GE
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
-import os
-import random
-import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, TypeVar
+from typing import AsyncIterator, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from harness.gateway.ledger import Ledger, RunLedger
-from harness.gateway.limiter import Limiter, backoff_s, retry_after_s
+from harness.gateway.forward import CLIENT_SHARDS, CONNECTIONS_PER_SHARD, Gateway, error_response as _error
+from harness.gateway.ledger import RunLedger
 from harness.gateway.models import ROLES, Announcement, CallRecord, GatewaySettings, RunRegistration, Upstream
-from harness.gateway.store import ResponseStore, request_digest, sample_digest
-from harness.pricing import cost_usd
-
-MODEL_ENDPOINTS = frozenset({"chat/completions", "completions", "models"})
-THROTTLE_STATUSES = frozenset({429, 503})
-DEFAULT_OUTPUT_ESTIMATE = 1024  # tokens assumed for a call that sets no max_tokens
-REDACTED = b"[redacted]"
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def _error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message, **extra}}, status_code=status)
-
-
-def prompt_text(body: dict[str, Any], endpoint: str) -> str:
-    """The text a model call carries: message contents (text parts too) or the prompt."""
-    if endpoint == "completions":
-        prompt = body.get("prompt")
-        return prompt if isinstance(prompt, str) else "\n".join(p for p in prompt or () if isinstance(p, str))
-    parts: list[str] = []
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return "\n".join(parts)
-
-
-def _usage(content: bytes) -> tuple[int, int, str | None]:
-    try:
-        payload = json.loads(content)
-        usage = payload.get("usage") or {}
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), payload.get("model")
-    except (ValueError, TypeError, AttributeError):
-        return 0, 0, None
-
-
-class Gateway:
-    """State shared by the routes: upstreams, store, limiter, ledger, pooled HTTP client."""
-
-    def __init__(self, settings: GatewaySettings, admin_token: str | None, upstreams: list[Upstream]):
-        self.settings = settings
-        self.admin_token = admin_token
-        self.upstreams: dict[str, Upstream] = {u.name: u for u in upstreams}
-        self.store: ResponseStore | None = None
-        if settings.cache != "off":
-            if not settings.cache_path:
-                raise ValueError(f"gateway cache {settings.cache!r} needs a cache_path")
-            self.store = ResponseStore(settings.cache_path)
-        self.limiter = Limiter(settings.limits_for)
-        self.ledger = Ledger()
-        self.http: httpx.AsyncClient | None = None
-
-    # ---- upstream calls ------------------------------------------------------------
-
-    def _key(self, upstream: Upstream) -> str | None:
-        return os.environ.get(upstream.api_key_env) if upstream.api_key_env else None
-
-    def _redact(self, content: bytes, upstream: Upstream) -> bytes:
-        key = self._key(upstream)
-        return content.replace(key.encode(), REDACTED) if key and key.encode() in content else content
-
-    async def _live(self, upstream: Upstream, endpoint: str, model: str, method: str, raw: bytes,
-                    estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int]:
-        """(status, body, headers for the caller, attempts). Retries only throttling
-        (429/503), which the caller could not do better; other failures go back at once
-        to the caller's own retry loop."""
-        assert self.http is not None
-        headers = {"content-type": "application/json", **upstream.headers}
-        if upstream.api_key_env:
-            key = self._key(upstream)
-            if not key:
-                message = f"gateway: environment variable {upstream.api_key_env} is not set (key for {upstream.name})"
-                return 500, json.dumps({"error": {"type": "gateway_config", "message": message}}).encode(), {}, 0
-            headers["authorization"] = f"Bearer {key}"
-        url = f"{upstream.base_url.rstrip('/')}/{endpoint}"
-        limit = self.limiter.get(upstream.name, model)
-        settings = self.settings
-        for attempt in range(settings.max_attempts):
-            async with limit.slot(estimated_tokens) as epoch:
-                try:
-                    response = await self.http.request(method, url, content=raw if method == "POST" else None,
-                                                       headers=headers)
-                except httpx.TimeoutException:
-                    message = f"gateway: {upstream.name} did not answer within {settings.timeout_s:g}s"
-                    return 504, json.dumps({"error": {"type": "upstream_timeout", "message": message}}).encode(), {}, \
-                        attempt + 1
-                except httpx.TransportError as exc:
-                    message = f"gateway: cannot reach {upstream.name}: {type(exc).__name__}"
-                    return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), \
-                        {}, attempt + 1
-            if response.status_code in THROTTLE_STATUSES:
-                wait = retry_after_s(response.headers.get("retry-after"))
-                limit.on_throttle(wait, epoch)
-                if attempt + 1 < settings.max_attempts:
-                    # honour Retry-After plus up to 10% jitter, so the throttled callers do not return together
-                    delay = wait * (1 + 0.1 * random.random()) if wait is not None else \
-                        backoff_s(attempt, max_s=settings.max_backoff_s)
-                    await asyncio.sleep(delay)
-                    continue
-                passed = {"retry-after": response.headers["retry-after"]} if "retry-after" in response.headers else {}
-                return response.status_code, self._redact(response.content, upstream), passed, attempt + 1
-            if response.status_code < 500:
-                await limit.on_success()
-            if limit.tokens is not None and response.status_code == 200:
-                prompt, completion, _ = _usage(response.content)
-                limit.tokens.refund(estimated_tokens - (prompt + completion))
-            return response.status_code, self._redact(response.content, upstream), {}, attempt + 1
-        raise AssertionError("unreachable: max_attempts > 0")
-
-    # ---- one model call ------------------------------------------------------------
-
-    async def call(self, request: Request, run: RunLedger | None, scope: str | None, role: str,
-                   upstream_name: str, endpoint: str) -> Response:
-        upstream = self.upstreams.get(upstream_name)
-        if upstream is None:
-            return _error(404, "unknown_upstream", f"gateway: no upstream named {upstream_name!r}")
-        if endpoint not in MODEL_ENDPOINTS:
-            return _error(404, "unknown_endpoint", f"gateway: /v1/{endpoint} is not forwarded")
-        method = request.method
-        raw = await request.body() if method == "POST" else b""
-        try:
-            body: dict[str, Any] = json.loads(raw) if raw else {}
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            return _error(400, "invalid_request", "gateway: the request body is not a JSON object")
-        if body.get("stream"):
-            return _error(400, "invalid_request", "gateway: streaming is not supported; send stream=false")
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        base = request_digest(upstream.name, endpoint, model, body)
-        key = scope or "-"
-        if run is not None:
-            sample, call_id = run.next_sample(key, base), run.next_call_id(key)
-        else:  # unattributed: no scope to count samples in, so the store answers every repeat alike
-            sample, call_id = 0, self.ledger.unattributed_call_id()
-        record = CallRecord(
-            run_id=run.run_id if run else None, call_id=call_id, scope=scope, role=role, model=model,
-            upstream=upstream.name, endpoint=endpoint, digest=sample_digest(base, sample),
-            cache="off" if self.store is None else "miss",
-            prompt_check=run.prompt_check(key, prompt_text(body, endpoint))
-            if run is not None and role == "policy" and endpoint != "models" else None,
-        )
-        started = time.perf_counter()
-        estimate = self._estimate(upstream, model, raw, body) if run is not None and run.budgeted(key) else None
-        if run is not None and run.budgeted(key) and run.would_cross(estimate):
-            message = (f"gateway: run {run.run_id} budget ${run.budget:.6f} would be crossed (spent ${run.budgeted_spent:.6f},"
-                       f" in flight ${run.reserved:.6f}, this call up to ${estimate or 0.0:.6f}): call refused")
-            return self._finish(record, run, started, 402, _error(402, "budget_exhausted", message), error=message,
-                                label="refused")
-        if estimate:
-            run.reserved += estimate  # type: ignore[union-attr]
-        try:
-            return await self._serve(record, run, started, upstream, endpoint, model or "", method, raw, body)
-        finally:
-            if estimate:
-                run.reserved -= estimate  # type: ignore[union-attr]
-
-    async def _serve(self, record: CallRecord, run: RunLedger | None, started: float, upstream: Upstream,
-                     endpoint: str, model: str, method: str, raw: bytes, body: dict[str, Any]) -> Response:
-        mode, store, digest = self.settings.cache, self.store, record.digest or ""
-        content = await asyncio.to_thread(store.get, digest) if store is not None else None
-        if content is not None:
-            record.cache = "hit" if mode == "read_write" else "replay"
-            return self._finish(record, run, started, 200, content)
-        if mode == "replay":
-            message = (f"gateway replay: no stored response for request {digest} ({endpoint}, model {model!r}, "
-                       f"upstream {upstream.name}); record it first with gateway.cache=read_write")
-            record.cache = "replay"
-            return self._finish(record, run, started, 404, _error(404, "replay_miss", message, digest=digest),
-                                error=message, label="replay_miss")
-        estimated_tokens = len(raw) // 4 + int(body.get("max_tokens") or 0)
-        status, content, headers, attempts = await self._live(upstream, endpoint, model, method, raw, estimated_tokens)
-        record.attempts = attempts
-        if status == 200 and store is not None:
-            await asyncio.to_thread(store.put, digest, upstream=upstream.name, endpoint=endpoint, model=model or None,
-                                    body=content)
-        return self._finish(record, run, started, status, content, headers=headers)
-
-    def _finish(self, record: CallRecord, run: RunLedger | None, started: float, http_status: int,
-                content: bytes | Response, *, headers: dict[str, str] | None = None, error: str | None = None,
-                label: str | None = None) -> Response:
-        """Meter the call, record it, and answer the caller."""
-        record.http_status = http_status
-        record.status = label or ("ok" if http_status == 200 else "error")
-        if isinstance(content, Response):
-            response = content
-        else:
-            response = Response(content, status_code=http_status, media_type="application/json", headers=headers)
-            if http_status == 200:
-                prompt, completion, answered = _usage(content)
-                record.prompt_tokens, record.completion_tokens = prompt, completion
-                record.cost_usd = self._price(record, answered)
-            elif error is None:
-                error = content[:300].decode(errors="replace")
-        if record.status != "ok":
-            record.cost_usd = 0.0  # nothing billed for a call that did not complete
-        record.error = error
-        record.latency_s = time.perf_counter() - started
-        if record.endpoint != "models":
-            self.ledger.add(record, run)
-        response.headers["x-gateway-call-id"] = record.call_id
-        response.headers["x-gateway-cache"] = record.cache
-        return response
-
-    def _price(self, record: CallRecord, answered_model: str | None) -> float | None:
-        provider = self.upstreams[record.upstream].provider
-        cost = cost_usd(provider, record.model or "", record.prompt_tokens, record.completion_tokens)
-        if cost is None and answered_model and answered_model != record.model:
-            # a provider may answer with a dated snapshot name of the model asked for
-            cost = cost_usd(provider, answered_model, record.prompt_tokens, record.completion_tokens)
-        return cost
-
-    def _estimate(self, upstream: Upstream, model: str | None, raw: bytes, body: dict[str, Any]) -> float | None:
-        """An upper-side guess of a call's cost before it is made: about 4 bytes of request
-        per prompt token, and the whole completion allowance."""
-        output = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_ESTIMATE
-        try:
-            output = int(output)
-        except (TypeError, ValueError):
-            output = DEFAULT_OUTPUT_ESTIMATE
-        return cost_usd(upstream.provider, model or "", len(raw) // 4 + 1, output)
-
-    # ---- control -------------------------------------------------------------------
-
-    def register_upstream(self, upstream: Upstream) -> str | None:
-        """None when registered (or already registered the same way), else why not."""
-        known = self.upstreams.get(upstream.name)
-        if known is not None and known != upstream:
-            # never re-point a name: a caller could otherwise send a key to a URL of its choice
-            return f"upstream {upstream.name!r} is already registered with other settings"
-        self.upstreams[upstream.name] = upstream
-        return None
+_RECORDS = TypeAdapter(list[CallRecord])
 
 
 def _model(cls: type[M], payload: bytes) -> M | JSONResponse:
@@ -288,10 +51,14 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
-        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=512)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            gateway.http = client
+        limits = httpx.Limits(max_connections=CONNECTIONS_PER_SHARD, max_keepalive_connections=CONNECTIONS_PER_SHARD)
+        tls = httpx.create_ssl_context()  # loading the CA bundle takes ~50 ms: once, not per shard
+        gateway.clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls) for _ in range(CLIENT_SHARDS)]
+        try:
             yield
+        finally:
+            for client in gateway.clients:
+                await client.aclose()
         if gateway.store is not None:
             gateway.store.close()
 
@@ -323,7 +90,9 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         if isinstance(upstream, Response):
             return upstream
         problem = gateway.register_upstream(upstream)
-        return _error(409, "conflict", f"gateway: {problem}") if problem else JSONResponse({"registered": upstream.name})
+        if problem:
+            return _error(409, "conflict", f"gateway: {problem}")
+        return JSONResponse({"registered": upstream.name})
 
     async def register_run(request: Request) -> Response:
         registration = _model(RunRegistration, await request.body())
@@ -354,8 +123,7 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         run = run_of(request)
         if isinstance(run, Response):
             return run
-        body = "[" + ",".join(r.model_dump_json() for r in run.records) + "]"
-        return Response(body, media_type="application/json")
+        return Response(_RECORDS.dump_json(run.records), media_type="application/json")
 
     async def drop_run(request: Request) -> Response:
         gateway.ledger.runs.pop(request.path_params["run_id"], None)

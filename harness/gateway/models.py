@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass
 
 CacheMode = Literal["off", "read_write", "replay"]
 Role = Literal["policy", "proposer", "grader", "user_simulator"]
@@ -78,8 +79,11 @@ class Announcement(_Frozen):
     budgeted: bool = True
 
 
-class CallRecord(BaseModel):
-    """One model call as the gateway saw it; a row of the `model_calls` evidence table."""
+@dataclass
+class CallRecord:
+    """One model call as the gateway saw it; a row of the `model_calls` evidence table.
+    A (pydantic) dataclass: the gateway fills it field by field on its hot path, where a
+    BaseModel's validating __setattr__ costs more than the rest of the bookkeeping."""
 
     run_id: str | None
     call_id: str

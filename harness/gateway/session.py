@@ -5,6 +5,7 @@ into the run, and fetches the run's calls for its evidence at the end."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -89,6 +90,21 @@ class GatewaySession:
         self._refused_seen = len(self.spend.refused_scopes)
         return set(refused)
 
+    def over_budget(self, *, rollouts: int = 0, proposer_calls: int = 0, rollouts_done: int = 0) -> bool:
+        """Would the next step (rollouts, proposer calls) take the budgeted spend past the
+        budget, at the mean cost per rollout and per proposer call so far? Decided on spend
+        that is complete (read after every batch and call), so a replay stops where the
+        recording stopped; the gateway's own refusal is only the backstop for a bad guess."""
+        budget = self.registration.budget_usd
+        if budget is None:
+            return False
+        spend = self.spend
+        proposer = spend.by_role.get("proposer")
+        proposer_cost = proposer.cost_usd if proposer else 0.0
+        per_rollout = (spend.budgeted_cost_usd - proposer_cost) / rollouts_done if rollouts_done else 0.0
+        per_call = proposer_cost / proposer.calls if proposer and proposer.calls else 0.0
+        return spend.budgeted_cost_usd + rollouts * per_rollout + proposer_calls * per_call > budget
+
     async def calls(self) -> list[CallRecord]:
         response = await self._request("GET", f"/runs/{self.run_id}/calls")
         return _RECORDS.validate_json(response.content)
@@ -97,7 +113,7 @@ class GatewaySession:
         """Rows of the model_calls table, in a stable order (replays compare equal)."""
         rows = []
         for record in sorted(records, key=lambda r: _call_order(r.call_id)):
-            row = record.model_dump()
+            row = dataclasses.asdict(record)
             scope = record.scope or ""
             row["rollout_id"] = scope if scope in self._rollout_scopes else None
             row["proposal_id"] = self._proposal_of.get(scope)
@@ -110,7 +126,8 @@ class GatewaySession:
         spend = self.spend
         return {
             "url": self.gateway_url, "cost_usd": spend.cost_usd, "budgeted_cost_usd": spend.budgeted_cost_usd,
-            "unknown_cost_calls": spend.unknown_cost_calls, "budget_usd": spend.budget_usd, "cache": spend.cache, "refused": len(spend.refused_scopes),
+            "unknown_cost_calls": spend.unknown_cost_calls, "budget_usd": spend.budget_usd, "cache": spend.cache,
+            "refused": len(spend.refused_scopes),
             "prompt_check_misses": spend.prompt_check_misses, "replay_misses": spend.replay_misses,
             "by_role": {role: totals.model_dump() for role, totals in sorted(spend.by_role.items())},
         }

@@ -107,7 +107,8 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                 limiter = EndpointLimiter.remote(limits)
                 board = SweepBoard.remote()
                 _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker,
-                          revive=services.revive, live_usage=_live_usage(services) if base.gateway.live_usage else None)
+                          revive=services.revive,
+                          live_usage=_live_usage(services) if base.gateway.live_usage else None)
     finally:
         ray.shutdown()
     _print_table(console, rows, store.dir)
@@ -218,7 +219,8 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
                 rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
                 store.write_index(list(rows.values()))
-            live.update(_status_line(rows, ray.get(board.snapshot.remote()), started) + (live_usage() if live_usage else ""))
+            status = _status_line(rows, ray.get(board.snapshot.remote()), started)
+            live.update(status + (live_usage() if live_usage else ""))
 
 
 def _serve_restarts(board: Any, revive: Callable[[str], None] | None) -> None:
@@ -268,15 +270,14 @@ def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started
 
 def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str) -> None:
     table = Table(title="runs")
-    for column in ("run_id", "status", "container", "policy", "proposer", "algorithm", "seed", "seed→best heldout",
-                   "where / error"):
+    for column in ("run", "status", "container", "algorithm", "proposer", "seed", "heldout seed→best", "error"):
         table.add_column(column, overflow="fold")
     for row in rows.values():
         scores = "" if row["best_heldout"] is None else f"{row['seed_heldout'] or 0:.3f}→{row['best_heldout']:.3f}"
-        where = row["error"] or row["evidence_dir"] or ""
         # cells are data (an error may quote a service's body): never rich markup
-        cells = (row["run_id"], row["status"], row["container"], row["policy"], row["proposer"], row["algorithm"],
-                 str(row["seed"]), scores, where)
+        cells = (row["run_id"][:8], row["status"], row["container"], row["algorithm"], row["proposer"],
+                 str(row["seed"]), scores, row["error"] or "")
         table.add_row(*(escape(str(cell)) for cell in cells))
     console.print(table)
-    console.print(f"index: {sweep_dir}/index.parquet; per-run logs: {sweep_dir}/logs/", highlight=False)
+    console.print(f"runs: {sweep_dir}/<run id>/; index: {sweep_dir}/index.parquet; logs: {sweep_dir}/logs/",
+                  highlight=False, soft_wrap=True)

@@ -24,7 +24,8 @@ from harness.sweep.limits import shared_gate
 
 @ray.remote(num_cpus=0)
 class SweepBoard:
-    """Live counters for the whole sweep, polled by the driver."""
+    """Live counters for the whole sweep, polled by the driver; and the runs' requests to
+    restart a container that died (the driver owns the processes and serves them)."""
 
     def __init__(self) -> None:
         self._rollouts: dict[str, int] = {}
