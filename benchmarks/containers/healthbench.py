@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -37,6 +36,7 @@ from benchmarks.containers.kit import (
     failed_response,
     policy_endpoint,
     request_seed,
+    seeded_split,
     serve,
 )
 from harness.contract import (
@@ -172,9 +172,7 @@ class HealthBench(TaskContainer):
             raise DatasetError(f"healthbench: expected {N_ROWS} rows in {path}, found {len(examples)}")
         rows = [{"prompt": ex["prompt"], "rubrics": ex["rubrics"], "example_tags": ex["example_tags"],
                  "prompt_id": ex["prompt_id"], "source_row": i} for i, ex in enumerate(examples)]
-        order = list(range(N_ROWS))
-        random.Random(SPLIT_SEED).shuffle(order)
-        return {"train": [rows[i] for i in order[:N_TRAIN]], "test": [rows[i] for i in order[N_TRAIN:]]}
+        return seeded_split(rows, SPLIT_SEED, N_TRAIN)
 
     def program(self) -> ProgramResponse:
         return ProgramResponse(

@@ -6,12 +6,11 @@ Run: `python -m benchmarks.containers.heart_disease --port 8124 --data-dir /path
 from __future__ import annotations
 
 import csv
-import random
 import string
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import Row, TaskContainer, serve
+from benchmarks.containers.kit import Row, TaskContainer, serve, seeded_split
 from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
 from harness.llm import ChatMessage
 
@@ -129,9 +128,7 @@ class HeartDisease(TaskContainer):
             row["target"] = int(row["num"] > 0)  # the standard binary task: any narrowing >= 50%
             row["source_row"] = i
             rows.append(row)
-        order = list(range(N_ROWS))
-        random.Random(SPLIT_SEED).shuffle(order)
-        return {"train": [rows[i] for i in order[:N_TRAIN]], "test": [rows[i] for i in order[N_TRAIN:]]}
+        return seeded_split(rows, SPLIT_SEED, N_TRAIN)
 
     def labels(self) -> list[str]:
         return list(LABELS)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import string
 from collections import Counter
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import Row, TaskContainer, serve
+from benchmarks.containers.kit import Row, TaskContainer, serve, seeded_split
 from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
 from harness.llm import ChatMessage
 
@@ -160,9 +159,7 @@ class HotpotQA(TaskContainer):
         if len(examples) != N_ROWS:
             raise DatasetError(f"hotpotqa: expected {N_ROWS} examples, found {len(examples)}")
         rows = [_row(example, i) for i, example in enumerate(examples)]
-        order = list(range(N_ROWS))
-        random.Random(SPLIT_SEED).shuffle(order)
-        return {"train": [rows[i] for i in order[:N_TRAIN]], "test": [rows[i] for i in order[N_TRAIN:]]}
+        return seeded_split(rows, SPLIT_SEED, N_TRAIN)
 
     def program(self) -> ProgramResponse:
         return ProgramResponse(

@@ -11,6 +11,7 @@ import argparse
 import hmac
 import logging
 import os
+import random
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
@@ -57,6 +58,14 @@ class RolloutEnv:
     def policy_client(self, req: RolloutRequest) -> ChatClient:
         return ChatClient(policy_endpoint(req.policy.endpoint), req.policy.model,
                           api_key_env=self.policy_key_env, client=self.http)
+
+
+def seeded_split(rows: list[Row], seed: int, n_train: int) -> dict[str, list[Row]]:
+    """Deterministic train/test split: a fixed-seed shuffle of the row order, so ids
+    (`train:i`, `test:i`) are stable across runs and machines."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return {"train": [rows[i] for i in order[:n_train]], "test": [rows[i] for i in order[n_train:]]}
 
 
 class TaskContainer(ABC):
