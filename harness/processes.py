@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -33,7 +34,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-class ManagedProcess:
+class ServiceHandle:
+    """Something the harness starts and must always stop; usable as a context manager."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ManagedProcess(ServiceHandle):
     """One child process in its own process group, with its output in a log file."""
 
     def __init__(
@@ -129,10 +147,3 @@ class ManagedProcess:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=grace_s)
-
-    def __enter__(self) -> "ManagedProcess":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

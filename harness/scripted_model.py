@@ -45,7 +45,7 @@ import threading
 import time
 from pathlib import Path
 from collections import Counter
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl
 
 import uvicorn
@@ -53,7 +53,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.processes import ManagedProcess, free_port
+from harness.processes import ManagedProcess, ServiceHandle, free_port
 
 PROPOSER_MARKER = "You improve prompts"
 CURRENT_OPEN = "<current_instruction>"
@@ -443,7 +443,7 @@ def load_replies(path: str | Path | None) -> list[str] | None:
     return data
 
 
-class _Running:
+class _Running(ServiceHandle):
     port: int
 
     @property
@@ -453,19 +453,6 @@ class _Running:
     @property
     def stats_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/stats"
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class ScriptedModelServer(_Running):

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Self
 
 import httpx
 import uvicorn
@@ -23,7 +22,7 @@ import uvicorn
 from harness.errors import ConfigError
 from harness.gateway.app import create_app
 from harness.gateway.models import GatewaySettings, Upstream
-from harness.processes import ManagedProcess, free_port
+from harness.processes import ManagedProcess, ServiceHandle, free_port
 
 ADMIN_TOKEN_ENV = "HARNESS_GATEWAY_ADMIN_TOKEN"
 
@@ -41,7 +40,7 @@ def resolved(settings: GatewaySettings) -> GatewaySettings:
     return settings
 
 
-class _Handle:
+class _Handle(ServiceHandle):
     port: int
     admin_token: str
 
@@ -57,19 +56,6 @@ class _Handle:
             raise ConfigError(f"gateway at {self.url} unreachable while registering {upstream.name}: {exc}") from exc
         if response.status_code != 200:
             raise ConfigError(f"gateway refused upstream {upstream.name}: {response.text[:300]}")
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class GatewayServer(_Handle):
