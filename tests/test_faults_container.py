@@ -11,6 +11,8 @@ behaviour of each fault (one request at a time) is in test_contract_client.py.""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 import signal
@@ -23,8 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import HTTPException
 
-from benchmarks.containers.chaos import FAULT_KINDS, FaultPlan
+from benchmarks.containers.chaos import FAULT_KINDS, Chaos, FaultPlan
 from conftest import run_cli
 from faults import (
     chaos_spec,
@@ -35,6 +38,7 @@ from faults import (
     run_on,
     small_spec,
 )
+from harness.contract import PolicyBlock, RolloutRequest
 from harness.services import Services
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,6 +86,27 @@ def test_faults_are_a_function_of_seed_and_rollout_id() -> None:
     assert all(FaultPlan(rate=0.0).fault_for(i) is None for i in ids[:100])
     with pytest.raises(ValueError, match="fault kinds"):
         FaultPlan(kinds=("500", "fire"))
+
+
+def test_the_journal_keeps_attempt_counts_across_a_restart(data_dir: Path, tmp_path: Path) -> None:
+    """A faulted rollout retried against a restarted chaos process is served, not faulted anew."""
+    parser = argparse.ArgumentParser()
+    Chaos.add_arguments(parser)
+    flags = ["--fault-rate", "1", "--fault-kinds", "500"]
+    request = RolloutRequest(rollout_id="r-c0000-train:0", task_id="train:0", candidate={}, task={},
+                             policy=PolicyBlock(provider="scripted", model="m", base_url="http://127.0.0.1:9/v1"))
+
+    def lifetime(*extra: str) -> Chaos:
+        container = Chaos(str(data_dir))
+        container.configure(parser.parse_args([*flags, *extra]))
+        return container
+
+    journal = str(tmp_path / "journal.txt")
+    with pytest.raises(HTTPException):
+        asyncio.run(lifetime("--journal", journal).rollout(request, {}, None))  # type: ignore[arg-type]
+    assert asyncio.run(lifetime("--journal", journal).rollout(request, {}, None)) is None  # type: ignore[arg-type]
+    with pytest.raises(HTTPException):  # without a journal a new process faults it again
+        asyncio.run(lifetime().rollout(request, {}, None))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- transient: retried, capped

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(WALL_LIMIT_S + 120)]
 
 def soak_configs(root: Path) -> Path:
     flags = ["--fault-rate", str(FAULT_RATE), "--fault-kinds", ",".join(FAULT_KINDS), "--seed", "11",
-             "--hang-s", "30", "--die-after", str(DIE_AFTER)]
+             "--hang-s", "30", "--die-after", str(DIE_AFTER), "--journal", str(root / "chaos-journal.txt")]
     command = ", ".join(["python", "-m", "benchmarks.containers.chaos", *(f'"{f}"' for f in flags)])
     (root / "container").mkdir(parents=True)
     (root / "container" / "chaos_soak.yaml").write_text(

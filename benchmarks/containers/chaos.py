@@ -15,7 +15,9 @@ attempts (default 1: the harness's retry gets a real answer; 0: every attempt), 
 - `wrong_id`: HTTP 200 answering for another rollout id
 
 `--die-after N` ends the process (exit code 3) when rollout request N+1 arrives, in the
-middle of whatever else is in flight. Each injected fault is one stderr line
+middle of whatever else is in flight. With `--journal PATH` the attempt counts of faulted
+rollouts survive a restart (one line per attempt), so a rollout retried against the
+restarted process is not faulted again as if it were new. Each injected fault is one stderr line
 (`chaos: injected KIND rollout=ID attempt=K`); GET /chaos/stats counts them.
 """
 
@@ -27,6 +29,7 @@ import hashlib
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -92,6 +95,7 @@ class Chaos(Banking77):
         self.received = 0
         self.injected: Counter[str] = Counter()
         self._attempts: Counter[str] = Counter()
+        self._journal: Path | None = None
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -104,11 +108,17 @@ class Chaos(Banking77):
         parser.add_argument("--hang-s", type=float, default=30.0, help="how long a `hang` fault holds the request")
         parser.add_argument("--die-after", type=int, default=None,
                             help=f"exit (code {DIE_EXIT_CODE}) when rollout request N+1 arrives")
+        parser.add_argument("--journal", default=None,
+                            help="file keeping the attempt counts of faulted rollouts across restarts")
 
     def configure(self, args: argparse.Namespace) -> None:
         self.plan = FaultPlan(rate=args.fault_rate, kinds=tuple(k.strip() for k in args.fault_kinds.split(",") if k.strip()),
                               seed=args.seed, attempts=args.fault_attempts, hang_s=args.hang_s,
                               die_after=args.die_after)
+        if args.journal:
+            self._journal = Path(args.journal)
+            if self._journal.exists():
+                self._attempts.update(self._journal.read_text().split())
 
     async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse | None:
         self.received += 1
@@ -120,6 +130,9 @@ class Chaos(Banking77):
             return None  # the Banking77 rollout
         self._attempts[req.rollout_id] += 1
         attempt = self._attempts[req.rollout_id]
+        if self._journal is not None:
+            with self._journal.open("a") as journal:
+                journal.write(req.rollout_id + "\n")
         if not self.plan.fails_attempt(attempt):
             return None
         self.injected[kind] += 1
