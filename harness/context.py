@@ -107,6 +107,11 @@ class RunContext:
         self.started = time.monotonic()
         self.best_score: float | None = None
         self._cache: dict[tuple[str, str], RolloutResult] = {}
+        # (digest, task) pairs being rolled out, and budgeted rollouts started but not yet
+        # counted: concurrent evaluations (parallel proposals) neither repeat a rollout nor
+        # together overrun the budget
+        self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
+        self._rollouts_in_flight = 0
         self._rows: dict[str, dict[str, Any]] = dict(rows or {})
         self._candidates: dict[str, Candidate] = {}
         self._seq = 0
@@ -143,13 +148,14 @@ class RunContext:
 
     @property
     def rollouts_left(self) -> int:
-        return self.spec.budget.max_rollouts - self.usage.rollouts
+        return self.spec.budget.max_rollouts - self.usage.rollouts - self._rollouts_in_flight
 
     def uncached(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...]) -> list[str]:
         seen: set[str] = set()
         out = []
         for task_id in task_ids:
-            if (candidate.digest, task_id) not in self._cache and task_id not in seen:
+            key = (candidate.digest, task_id)
+            if key not in self._cache and key not in self._in_flight and task_id not in seen:
                 seen.add(task_id)
                 out.append(task_id)
         return out
@@ -198,8 +204,10 @@ class RunContext:
 
     async def evaluate(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...], stage: str) -> list[RolloutResult]:
         """Roll out `candidate` on `task_ids`; cached pairs are not rolled out again.
-        Raises BudgetExhausted, before any rollout, if the uncached part does not fit."""
+        Raises BudgetExhausted, before any rollout, if the uncached part does not fit.
+        Pairs another evaluation is rolling out are awaited, not rolled out twice."""
         todo = self.uncached(candidate, task_ids)
+        elsewhere = {self._in_flight[(candidate.digest, t)] for t in task_ids if (candidate.digest, t) in self._in_flight}
         optimizing = stage in OPTIMIZATION_STAGES
         if optimizing and todo:
             reason = self.stop_reason()
@@ -211,28 +219,45 @@ class RunContext:
             if reason is not None:
                 raise BudgetExhausted(reason)
         if todo:
-            await self._rows_for(todo)
-            if self.gateway is not None:
-                await self.gateway.announce({self.rollout_id(candidate, t): candidate.candidate_id for t in todo},
-                                            {candidate.candidate_id: candidate.texts}, budgeted=optimizing)
-            seqs = list(range(self._seq, self._seq + len(todo)))
-            self._seq += len(todo)
-            results = await asyncio.gather(
-                *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
-            )
-            refused = await self.sync_spend() if self.gateway is not None else set()
-            for task_id, result in zip(todo, results):
-                if self.rollout_id(candidate, task_id) in refused:
-                    self._mark_refused(self.rollout_id(candidate, task_id))  # not run: neither cached nor failed
-                else:
-                    self._cache[(candidate.digest, task_id)] = result
-            if refused:
-                raise BudgetExhausted("max_cost_usd")
-            if self._container_lost is not None:
-                raise RunFailed(self._container_lost)
-            self._check_error_rate()
-            self._notify(stage)
+            mine = {(candidate.digest, t): asyncio.Event() for t in todo}
+            self._in_flight.update(mine)
+            if optimizing:
+                self._rollouts_in_flight += len(todo)
+            try:
+                await self._evaluate_new(candidate, todo, stage)
+            finally:
+                for key, event in mine.items():
+                    del self._in_flight[key]
+                    event.set()
+        for event in elsewhere:
+            await event.wait()
+        if any((candidate.digest, t) not in self._cache for t in task_ids):
+            # another evaluation's rollout of a pair was refused or failed with it
+            raise BudgetExhausted(self.stop_reason() or "max_cost_usd")
         return [self._cache[(candidate.digest, t)] for t in task_ids]
+
+    async def _evaluate_new(self, candidate: Candidate, todo: list[str], stage: str) -> None:
+        await self._rows_for(todo)
+        if self.gateway is not None:
+            await self.gateway.announce({self.rollout_id(candidate, t): candidate.candidate_id for t in todo},
+                                        {candidate.candidate_id: candidate.texts}, budgeted=stage in OPTIMIZATION_STAGES)
+        seqs = list(range(self._seq, self._seq + len(todo)))
+        self._seq += len(todo)
+        results = await asyncio.gather(
+            *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
+        )
+        refused = await self.sync_spend() if self.gateway is not None else set()
+        for task_id, result in zip(todo, results):
+            if self.rollout_id(candidate, task_id) in refused:
+                self._mark_refused(self.rollout_id(candidate, task_id))  # not run: neither cached nor failed
+            else:
+                self._cache[(candidate.digest, task_id)] = result
+        if refused:
+            raise BudgetExhausted("max_cost_usd")
+        if self._container_lost is not None:
+            raise RunFailed(self._container_lost)
+        self._check_error_rate()
+        self._notify(stage)
 
     def cached_result(self, candidate: Candidate, task_id: str) -> RolloutResult | None:
         return self._cache.get((candidate.digest, task_id))
@@ -328,6 +353,7 @@ class RunContext:
         usage = self.usage
         if stage in OPTIMIZATION_STAGES:
             usage.rollouts += 1
+            self._rollouts_in_flight -= 1  # started in evaluate; now counted as spent
         else:
             usage.heldout_rollouts += 1
         if status != "ok":

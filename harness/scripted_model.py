@@ -126,6 +126,7 @@ class ScriptError(Exception):
 
 class Script:
     name = "base"
+    latency_s = 0.0  # every answer waits this long (set from the `latency_s` option)
 
     def __init__(self, replies: list[str] | None = None):
         self.replies = replies
@@ -341,23 +342,35 @@ SCRIPTS: dict[str, type[Script]] = {
 
 
 def make_script(name: str, replies: list[str] | None = None) -> Script:
-    """A script by name; `flaky` takes options as a query string (`flaky?rate=0.1&kinds=503`)."""
+    """A script by name; `flaky` takes options as a query string (`flaky?rate=0.1&kinds=503`),
+    and every script takes `latency_s` (each answer waits that long: a model's latency)."""
     base, sep, query = name.partition("?")
     if base not in SCRIPTS:
         raise ValueError(f"unknown script {base!r}; known: {', '.join(sorted(SCRIPTS))}")
+    try:
+        options = dict(parse_qsl(query, strict_parsing=bool(query)))
+    except ValueError as exc:  # a query string that does not parse
+        raise ValueError(f"script {name!r}: bad options: {exc}") from exc
+    try:
+        latency_s = float(options.pop("latency_s", 0.0))
+    except ValueError:
+        raise ValueError(f"script {name!r}: option 'latency_s': not a number") from None
+    if not 0.0 <= latency_s <= 600.0:
+        raise ValueError(f"script {name!r}: option 'latency_s': must be between 0 and 600 seconds")
     if base == "flaky":
         try:
-            options = FlakyOptions.model_validate(dict(parse_qsl(query, strict_parsing=bool(query))))
+            flaky_options = FlakyOptions.model_validate(options)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise ValueError(f"script {name!r}: option {where!r}: {first['msg'].removeprefix('Value error, ')}") from exc
-        except ValueError as exc:  # a query string that does not parse
-            raise ValueError(f"script {name!r}: bad options: {exc}") from exc
-        return FlakyScript(replies, options)
-    if sep:
-        raise ValueError(f"script {base!r} takes no options (got {query!r})")
-    return SCRIPTS[base](replies)
+        script: Script = FlakyScript(replies, flaky_options)
+    elif options:
+        raise ValueError(f"script {base!r} takes no options but latency_s (got {query!r})")
+    else:
+        script = SCRIPTS[base](replies)
+    script.latency_s = latency_s
+    return script
 
 
 async def _flaky_answer(script: Script, body: dict[str, Any]) -> tuple[Response | None, str | None]:
@@ -393,6 +406,8 @@ def create_app(script: Script) -> FastAPI:
             m["content"] = m.get("content") if isinstance(m.get("content"), str) else ""
         role = _role(messages)
         counts[role] += 1
+        if script.latency_s:
+            await asyncio.sleep(script.latency_s)
         refused, forced = await _flaky_answer(script, body)
         if refused is not None:
             return refused

@@ -214,10 +214,12 @@ def test_unchanged_reply_is_retried_within_the_attempts(tmp_path, data_dir, urls
 
 
 def rules_run(tmp_path: Path, data_dir: Path, urls: tuple[str, str], bank: dict[str, Any], *, max_rollouts: int,
-              seed: int = 0, train: list[str] | None = None, **budget: Any) -> dict[str, Any]:
+              seed: int = 0, train: list[str] | None = None, parallel: int = 1, **budget: Any) -> dict[str, Any]:
     spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=train or bank["wide"][:20],
                          pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=max_rollouts, seed=seed,
-                         params={"minibatch_size": 3}, **budget)
+                         params={"minibatch_size": 3, "parallel_proposals": parallel}, **budget)
+    if parallel > 1:
+        spec = spec.model_copy(update={"concurrency": 3 * parallel})
     outcome = execute(spec, *urls)
     assert outcome.status == "done", outcome.error
     return read_evidence(outcome.evidence_dir)
@@ -247,6 +249,25 @@ def test_no_rollout_is_repeated(tmp_path, data_dir, urls, bank) -> None:
     assert keyed["digest"].null_count() == 0
     assert keyed.select("digest", "task_id").is_duplicated().sum() == 0
     assert ev["rollouts"]["rollout_id"].is_unique().all() and ev["rollouts"]["seq"].to_list() == list(range(len(keyed)))
+
+
+@pytest.mark.parametrize("budget", [4, 13, 61, 150])
+def test_parallel_proposals_share_the_budget_and_never_repeat_a_rollout(tmp_path, data_dir, urls, bank,
+                                                                          budget: int) -> None:
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=budget, parallel=4, train=bank["wide"][:6])
+    spent = len(optimization_rows(ev))
+    assert spent <= budget and spent == ev["manifest"]["totals"]["rollouts"]
+    assert ev["manifest"]["stop_reason"] == "max_rollouts"
+    keyed = ev["rollouts"].join(ev["candidates"].select("candidate_id", "digest"), on="candidate_id", how="left")
+    assert keyed.select("digest", "task_id").is_duplicated().sum() == 0  # in flight twice is awaited, not rerun
+    assert sorted(ev["rollouts"]["seq"].to_list()) == list(range(len(keyed)))
+    if budget >= 61:
+        assert budget - spent < 5 + 3 + 3  # the iterations together stop only when none fits
+        proposals = ev["proposals"]
+        assert len(proposals) >= 4
+        accepted = set(proposals.filter(pl.col("accepted"))["child_id"].to_list())
+        scored = set(ev["rollouts"].filter(pl.col("stage") == "pareto")["candidate_id"].to_list())
+        assert accepted and accepted == scored  # every accepted child, and only those, scored on the pareto pool
 
 
 def test_same_seed_gives_identical_evidence(tmp_path, data_dir, urls, bank) -> None:

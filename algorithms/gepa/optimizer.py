@@ -1,9 +1,15 @@
 """Our GEPA loop: select a parent from the Pareto frontier, reflect on its minibatch
 failures, propose an edit of one target module, accept on minibatch improvement, then
-score the child on the pareto pool."""
+score the child on the pareto pool.
+
+With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
+so the model's latency is overlapped rather than paid one minibatch at a time. Each
+iteration reserves the rollouts it may need before it starts, so together they never
+overrun the budget; which candidate gets which id then depends on response order."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -29,6 +35,7 @@ class GepaParams(BaseModel):
     use_task_info: bool = True
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
     max_proposer_errors: int = Field(default=3, gt=0)  # consecutive failed proposer calls that fail the run
+    parallel_proposals: int = Field(default=1, gt=0)  # iterations in flight at once (1: the sequential loop)
 
     @field_validator("edit_formats")
     @classmethod
@@ -58,38 +65,59 @@ class GepaOptimizer:
             return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
         frontier.add(seed.candidate_id, [r.reward for r in seed_results])
         ctx.report_best(frontier.mean(seed.candidate_id))
-        iteration, idle, stop = 0, 0, "max_rollouts"
         self._proposer_errors = 0
-        while True:
-            reason = ctx.stop_reason(generation=iteration)
+        loop = _LoopState()
+        workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
+        if len(workers) == 1:
+            await workers[0]
+        else:
+            await _all_or_first_error(workers)
+        best = frontier.best()
+        stop = loop.stop or "max_rollouts"
+        ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
+        return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
+
+    async def _worker(self, ctx: RunContext, frontier: ParetoFrontier, loop: "_LoopState") -> None:
+        while loop.stop is None:
+            reason = ctx.stop_reason(generation=loop.iteration)
             if reason is not None:
-                stop = reason
+                loop.finish(reason)
                 break
-            if idle >= self.params.max_idle_iterations:
-                stop = "stalled"
-                ctx.event("stalled", f"{idle} iterations in a row spent no rollouts")
+            if loop.idle >= self.params.max_idle_iterations:
+                ctx.event("stalled", f"{loop.idle} iterations in a row spent no rollouts")
+                loop.finish("stalled")
                 break
+            iteration = loop.iteration
+            loop.iteration += 1
             spent_before = ctx.usage.rollouts
             try:
-                await self._iterate(ctx, frontier, iteration)
+                await self._iterate(ctx, frontier, iteration, loop)
             except BudgetExhausted as exhausted:
-                stop = exhausted.reason
+                if loop.iteration == iteration + 1:
+                    loop.iteration = iteration  # an iteration that did not happen does not count
+                if exhausted.reason == "max_rollouts" and loop.reserved():
+                    await loop.wait_for_release()  # the others may not need all they reserved
+                    continue
+                loop.finish(exhausted.reason)
                 break
-            idle = idle + 1 if ctx.usage.rollouts == spent_before else 0
-            iteration += 1
-        best = frontier.best()
-        ctx.event("stop", f"stopped: {stop}", iterations=iteration, best=best, best_score=frontier.mean(best))
-        return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=iteration)
+            loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
 
-    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int) -> None:
+    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, loop: "_LoopState") -> None:
         params = self.params
         parent = ctx.candidate(frontier.sample(ctx.rng))
         k = min(params.minibatch_size, len(ctx.pools.train))
         minibatch = ctx.rng.sample(list(ctx.pools.train), k)
         # The whole iteration must fit: parent minibatch, child minibatch, child pareto scoring.
         needed = len(ctx.uncached(parent, minibatch)) + k + len(ctx.pools.pareto)
-        if needed > ctx.rollouts_left:
+        if needed > ctx.rollouts_left - loop.reserved():
             raise BudgetExhausted("max_rollouts")
+        with loop.reserve(needed) as reservation:
+            await self._iterate_reserved(ctx, frontier, iteration, parent, minibatch, reservation)
+
+    async def _iterate_reserved(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parent: Candidate,
+                                minibatch: list[str], reservation: "_Reservation") -> None:
+        params = self.params
+        reservation.spend(len(ctx.uncached(parent, minibatch)))
         parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
         parent_score = mean_reward(parent_results)
         if params.skip_perfect_minibatch and all(r.reward >= 1.0 for r in parent_results):
@@ -100,6 +128,7 @@ class GepaOptimizer:
         if child is None:
             return
         child_candidate, proposal_fields = child
+        reservation.spend(len(ctx.uncached(child_candidate, minibatch)))
         child_results = await ctx.evaluate(child_candidate, minibatch, "minibatch")
         child_score = mean_reward(child_results)
         accepted = child_score > parent_score + params.acceptance_margin
@@ -108,6 +137,7 @@ class GepaOptimizer:
         ctx.set_origin(child_candidate.candidate_id, "proposal" if accepted else "rejected")
         if not accepted:
             return
+        reservation.spend(len(ctx.uncached(child_candidate, list(ctx.pools.pareto))))
         pareto_results = await ctx.evaluate(child_candidate, list(ctx.pools.pareto), "pareto")
         frontier.add(child_candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(child_candidate.candidate_id))
@@ -162,3 +192,69 @@ class GepaOptimizer:
             return None
         child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
         return child, fields
+
+
+class _Reservation:
+    """Rollouts one iteration may still start: `needed` at first, less what it has started."""
+
+    def __init__(self, needed: int):
+        self.left = needed
+
+    def spend(self, rollouts: int) -> None:
+        self.left = max(0, self.left - rollouts)
+
+
+class _LoopState:
+    """What the iterations in flight share: the next iteration index, the idle count, the
+    stop reason, and the rollouts reserved by iterations that have not started them yet
+    (the context already counts started ones in `rollouts_left`)."""
+
+    def __init__(self) -> None:
+        self.iteration = 0
+        self.idle = 0
+        self.stop: str | None = None
+        self._reservations: list[_Reservation] = []
+        self._released = asyncio.Event()
+
+    def reserved(self) -> int:
+        return sum(r.left for r in self._reservations)
+
+    def reserve(self, needed: int) -> "_Reserved":
+        return _Reserved(self, _Reservation(needed))
+
+    def finish(self, reason: str) -> None:
+        if self.stop is None:
+            self.stop = reason
+        self._released.set()
+
+    async def wait_for_release(self) -> None:
+        self._released.clear()
+        await self._released.wait()
+
+
+class _Reserved:
+    def __init__(self, loop: _LoopState, reservation: _Reservation):
+        self.loop, self.reservation = loop, reservation
+
+    def __enter__(self) -> _Reservation:
+        self.loop._reservations.append(self.reservation)
+        return self.reservation
+
+    def __exit__(self, *_: object) -> None:
+        self.loop._reservations.remove(self.reservation)
+        self.loop._released.set()
+
+
+async def _all_or_first_error(coroutines: list[Any]) -> None:
+    """Run the workers together; the first to fail cancels the rest and its error is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
