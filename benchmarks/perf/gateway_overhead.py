@@ -9,7 +9,7 @@ call per "rollout", each with its own attributed URL and a distinct prompt. Arms
 interleaved over rounds and the median is reported, so drift on a shared machine hits
 both alike. Results are printed and written to benchmarks/perf/results/gateway_overhead.parquet.
 
-    python benchmarks/perf/gateway_overhead.py [--concurrency 64] [--requests 1500] [--rounds 3]
+    python -m benchmarks.perf.gateway_overhead [--concurrency 64] [--requests 1500] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -17,22 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf.common import write_results  # noqa: E402
 from harness.gateway.models import Announcement, GatewaySettings, LimitSettings, RunRegistration  # noqa: E402
 from harness.gateway.server import GatewayServer  # noqa: E402
 from harness.gateway.service import upstream_for  # noqa: E402
@@ -40,7 +37,6 @@ from harness.llm import ChatClient, ChatMessage  # noqa: E402
 from harness.scripted_model import ScriptedModelServer  # noqa: E402
 from harness.specs import ModelSpec  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "gateway_overhead.parquet"
 SYSTEM = ("You are a banking customer-support intent classifier. Reply with the single intent label.\n"
           '- If the message mentions "card", answer: card_arrival')
 LABELS = "Intent labels:\n" + "\n".join(f"label_{i}" for i in range(40))
@@ -86,7 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1500, help="calls per arm and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="200 calls, 1 round: a smoke run")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rounds = 200, 1
     n, c = args.requests, args.concurrency
     rates: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_cache_miss": [], "gateway_cache_hit": []}
     p50: dict[str, list[float]] = {k: [] for k in rates}
@@ -126,8 +126,6 @@ def main(argv: list[str] | None = None) -> None:
     median = {arm: statistics.median(v) for arm, v in rates.items()}
     median_p50 = {arm: statistics.median(v) for arm, v in p50.items()}
     row = {
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "concurrency": c, "requests_per_arm": n, "rounds": args.rounds,
         **{f"{arm}_per_s": value for arm, value in median.items()},
         **{f"{arm}_p50_ms": value * 1000 for arm, value in median_p50.items()},
@@ -135,14 +133,13 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_cache_miss_vs_direct": median["gateway_cache_miss"] / median["direct"],
         "ratio_cache_hit_vs_direct": median["gateway_cache_hit"] / median["direct"],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([row]), RESULTS)
+    where = write_results("gateway_overhead", [row], args.results_dir)
     print(f"\ncompletions/s at {c} concurrent requests ({n} per arm, median of {args.rounds} rounds, "
           f"{os.cpu_count()} CPUs):")
     for arm in rates:
         print(f"  {arm:<20} {median[arm]:8.1f}/s   p50 latency {median_p50[arm] * 1000:7.1f} ms")
     print(f"  gateway / direct     {row['ratio_gateway_vs_direct']:.2f}  (cache off, the default)")
-    print(f"  written to {RESULTS}")
+    print(f"  written to {where}")
 
 
 if __name__ == "__main__":

@@ -6,22 +6,19 @@ Each measurement runs in a fresh subprocess so that ``ru_maxrss`` (the process's
 set) covers the report alone, not the data generation. Figures are printed and written to
 ``benchmarks/perf/results/report_scale.parquet``.
 
-    python benchmarks/perf/report_scale.py [--runs 100] [--rows-per-run 100000] [--dir DIR] [--keep]
+    python -m benchmarks.perf.report_scale [--runs 100] [--rows-per-run 100000] [--dir DIR] [--keep] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf.common import write_results  # noqa: E402
 from harness.evidence.schema import CANDIDATES, ROLLOUTS, with_version  # noqa: E402
 from harness.evidence.writer import EvidenceLocation  # noqa: E402
 from harness.sweep.store import SweepStore  # noqa: E402
@@ -44,7 +42,6 @@ CANDIDATES_PER_RUN = 50
 HELDOUT_ROWS = 400
 TRAIN_ROWS = 2000
 CHUNK = 25_000
-RESULTS = Path(__file__).resolve().parent / "results" / "report_scale.parquet"
 
 
 def grid(n_runs: int) -> list[dict[str, str]]:
@@ -137,8 +134,12 @@ def main() -> int:
     parser.add_argument("--rows-per-run", type=int, default=100_000)
     parser.add_argument("--dir", default=None, help="evidence root to (re)use; default: a temp dir, deleted after")
     parser.add_argument("--keep", action="store_true", help="keep the generated evidence")
+    parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="10 runs x 10,000 rows: a smoke run")
     parser.add_argument("--measure", nargs=2, metavar=("SWEEP_DIR", "PHASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.rows_per_run = 10, 10_000
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return 0
@@ -158,16 +159,11 @@ def main() -> int:
                                  capture_output=True, text=True, cwd=REPO)
             figures = json.loads(out.stdout.strip().splitlines()[-1])
             results.append({"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
-                            **figures, "cpus": os.cpu_count(), "python": platform.python_version(),
-                            "polars": __import__("polars").__version__,
-                            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                            **figures, "polars": __import__("polars").__version__})
             print(f"{phase:>12}: {figures['seconds']:.2f}s, peak RSS {figures['peak_rss_mib']:.0f} MiB "
                   f"(after imports {figures['baseline_rss_mib']:.0f} MiB), {rows:,} rollout rows, "
                   f"{size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        pa_table = pa.Table.from_pylist(results)
-        pq.write_table(pa_table, RESULTS)
-        print(f"results: {RESULTS}")
+        print(f"results: {write_results('report_scale', results, args.results_dir)}")
     finally:
         if not args.dir and not args.keep:
             shutil.rmtree(root, ignore_errors=True)

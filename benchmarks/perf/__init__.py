@@ -1,0 +1,1 @@
+"""Performance benchmarks (not tests): `python -m benchmarks.perf` runs them all."""

@@ -1,0 +1,69 @@
+"""What every performance benchmark shares: where results go and which machine made them.
+
+Each benchmark writes one Parquet file, `benchmarks/perf/results/<name>.parquet`, one row
+per measured point, every row carrying the machine columns below so an absolute figure is
+never read without the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.context import OPTIMIZATION_STAGES
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """Columns that say where and when a figure was measured."""
+    try:
+        load_1m = os.getloadavg()[0]
+    except OSError:
+        load_1m = None
+    return {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "load_1m_at_start": load_1m}
+
+
+def write_results(name: str, rows: list[dict[str, Any]], results_dir: Path | None = None) -> Path:
+    """Write a benchmark's rows (each with the machine columns) to `<results_dir>/<name>.parquet`."""
+    if not rows:
+        raise ValueError(f"benchmark {name} measured nothing")
+    where = (results_dir or RESULTS_DIR) / f"{name}.parquet"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = where.with_suffix(".parquet.tmp")
+    context = machine()
+    pq.write_table(pa.Table.from_pylist([{**context, **row} for row in rows]), tmp)
+    tmp.replace(where)  # a reader never sees half a file
+    return where
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def default_data_dir(given: str | None = None) -> str:
+    """The datasets directory: `given`, else $HARNESS_DATA_DIR, else ../shared/datasets."""
+    return given or os.environ.get("HARNESS_DATA_DIR") or str((REPO / ".." / "shared" / "datasets").resolve())
+
+
+def optimization_window(rollouts: Any) -> tuple[int, float]:
+    """(optimization rollouts, seconds from the run's start to the last one's end) of a
+    polars rollouts table: the optimizer's wall time without preflight, heldout or writing."""
+    import polars as pl
+
+    optimizing = rollouts.filter(pl.col("stage").is_in(list(OPTIMIZATION_STAGES)))
+    return optimizing.height, float(optimizing["elapsed_s"].max() or 0.0)

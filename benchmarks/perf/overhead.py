@@ -1,0 +1,164 @@
+"""Overhead benchmark (not a test): rollouts per second through the whole harness against a
+container whose policy answers instantly, next to the rate that same container serves to a
+bare async HTTP load loop, in one invocation.
+
+The container is `benchmarks.containers.instant` (Banking77 with an in-process policy: no
+model call, so the container's own cost per rollout is what the raw loop measures). Arms,
+interleaved over rounds so drift on a shared machine hits all alike, median reported:
+
+- `raw`: an httpx loop POSTing prepared /rollout bodies, `--concurrency` in flight.
+- `harness_eval`: `execute_run` with the seed-only algorithm over a pareto pool of
+  `--rollouts` rows: contract client, run context (the rollout choke point), evidence
+  writer, gateway registration; the optimizer does no more than evaluate.
+- `harness_gepa`: `execute_run` with our GEPA, a budget of `--rollouts`, minibatch 4 and
+  `parallel_proposals` = concurrency / 4, the scripted proposer behind the gateway.
+
+A harness rate counts optimization rollouts over the window from the first rollout's start
+to the last one's end (from the rollouts table); the whole `execute_run` wall (preflight,
+heldout, evidence write) is reported beside it.
+
+    python -m benchmarks.perf.overhead [--concurrency 16] [--rollouts 1000] [--rounds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import polars as pl
+
+from benchmarks.perf.common import default_data_dir, median, write_results
+from harness.client import ContainerClient
+from harness.contract import PolicyBlock, RolloutRequest
+from harness.gateway.models import GatewaySettings, LimitSettings
+from harness.run import execute_run
+from harness.services import Endpoints, Services
+from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
+
+NAME = "overhead"
+OPTIMIZATION_STAGES = ("seed", "pareto", "minibatch", "reflection", "library")
+# the default gateway, with room for every call in flight (its default cap is 64 per upstream)
+GATEWAY = GatewaySettings(limits=LimitSettings(max_concurrency=256))
+
+
+def container_spec(data_dir: str) -> ContainerSpec:
+    return ContainerSpec(name="instant", command=["python", "-m", "benchmarks.containers.instant"],
+                         data_dir=data_dir, target_modules=["stage2_system"])
+
+
+def scripted(max_tokens: int) -> ModelSpec:
+    return ModelSpec(provider="scripted", model="scripted-rules", source="rules", max_tokens=max_tokens)
+
+
+def run_spec(arm: str, data_dir: str, root: Path, rollouts: int, concurrency: int, seed: int) -> RunSpec:
+    if arm == "harness_eval":
+        algorithm = AlgorithmSpec(name="seed_only", params={})
+        pools = Pools(train=("train:0",), pareto=tuple(f"train:{i}" for i in range(1, rollouts + 1)),
+                      heldout=("test:0",))
+    else:
+        algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": 4,
+                                                       "parallel_proposals": max(1, concurrency // 4)})
+        pools = Pools(train=tuple(f"train:{i}" for i in range(400)),
+                      pareto=tuple(f"train:{i}" for i in range(400, 416)), heldout=("test:0",))
+    return RunSpec(container=container_spec(data_dir), policy=scripted(24), proposer=scripted(4000),
+                   algorithm=algorithm, pools=pools, budget=BudgetSpec(max_rollouts=rollouts), seed=seed,
+                   concurrency=concurrency, evidence_root=str(root), sweep="overhead")
+
+
+async def prepared_bodies(container_url: str, policy_url: str, n: int) -> list[dict[str, Any]]:
+    """/rollout bodies for the seed candidate on train:1..n (the harness_eval rows)."""
+    client = ContainerClient(container_url)
+    try:
+        program = await client.program()
+        tasks = await client.tasks("train", [f"train:{i}" for i in range(1, n + 1)])
+    finally:
+        await client.aclose()
+    policy = PolicyBlock(provider="scripted", model="scripted-rules", base_url=policy_url, max_tokens=24)
+    return [RolloutRequest(rollout_id=f"raw-{t.task_id}", task_id=t.task_id, candidate=dict(program.seed_candidate),
+                           task=t.model_dump(), policy=policy).model_dump(mode="json") for t in tasks]
+
+
+async def raw_loop(container_url: str, bodies: list[dict[str, Any]], concurrency: int, salt: str) -> float:
+    """Rollouts per second a bare async loop gets: one pooled client, `concurrency` in flight."""
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=container_url, timeout=60.0, limits=limits) as http:
+
+        async def one(i: int, body: dict[str, Any]) -> None:
+            async with gate:
+                response = await http.post("/rollout", json=dict(body, rollout_id=f"{salt}-{i}"))
+            response.raise_for_status()
+            if response.json().get("status") != "ok":
+                raise RuntimeError(f"raw rollout failed: {response.text[:200]}")
+
+        await asyncio.gather(*(one(0, bodies[0]) for _ in range(concurrency)))  # open the connections
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i, body) for i, body in enumerate(bodies)))
+        return len(bodies) / (time.perf_counter() - started)
+
+
+def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
+    started = time.perf_counter()
+    outcome = asyncio.run(execute_run(spec, endpoints))
+    wall = time.perf_counter() - started
+    if outcome.status != "done":
+        raise RuntimeError(f"{spec.algorithm.name} run failed: {outcome.error}")
+    rows = pl.read_parquet(Path(outcome.evidence_dir) / "rollouts.parquet")
+    optimizing = rows.filter(pl.col("stage").is_in(OPTIMIZATION_STAGES))
+    if optimizing.filter(pl.col("status") != "ok").height:
+        raise RuntimeError(f"{spec.algorithm.name}: failed rollouts in a benchmark run")
+    window = optimizing["elapsed_s"].max() - (optimizing["elapsed_s"] - optimizing["latency_s"]).min()
+    return {"rate": optimizing.height / window, "wall_rate": optimizing.height / wall, "rollouts": optimizing.height}
+
+
+def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str) -> list[dict[str, Any]]:
+    rates: dict[str, list[float]] = {"raw": [], "harness_eval": [], "harness_gepa": []}
+    wall_rates: dict[str, list[float]] = {"harness_eval": [], "harness_gepa": []}
+    with tempfile.TemporaryDirectory(prefix="overhead-bench-") as tmp, Services(Path(tmp) / "logs", gateway=GATEWAY) as services:
+        probe = run_spec("harness_eval", data_dir, Path(tmp), rollouts, concurrency, 0)
+        endpoints = services.endpoints(probe.container, probe.policy, probe.proposer)
+        bodies = asyncio.run(prepared_bodies(endpoints.container_url, endpoints.policy_url, rollouts))
+        asyncio.run(raw_loop(endpoints.container_url, bodies[:200], concurrency, "warmup"))
+        for r in range(rounds):
+            rates["raw"].append(asyncio.run(raw_loop(endpoints.container_url, bodies, concurrency, f"r{r}")))
+            for arm in ("harness_eval", "harness_gepa"):
+                got = harness_rate(run_spec(arm, data_dir, Path(tmp) / f"r{r}", rollouts, concurrency, r), endpoints)
+                rates[arm].append(got["rate"])
+                wall_rates[arm].append(got["wall_rate"])
+            print(f"concurrency {concurrency} round {r}: "
+                  + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
+    raw = median(rates["raw"])
+    return [{"arm": arm, "concurrency": concurrency, "rollouts_per_round": rollouts, "rounds": rounds,
+             "rollouts_per_s": median(values), "wall_rollouts_per_s": median(wall_rates.get(arm, values)),
+             "ratio_vs_raw": median(values) / raw, "goal_ratio": 0.9}
+            for arm, values in rates.items()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="16", help="comma-separated rollouts in flight, e.g. 4,16,64")
+    parser.add_argument("--rollouts", type=int, default=1000, help="rollouts per arm and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data-dir", default=None, help="datasets (default: $HARNESS_DATA_DIR or ../shared/datasets)")
+    parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="200 rollouts, 1 round: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rollouts, args.rounds = 200, 1
+    data_dir = default_data_dir(args.data_dir)
+    rows = [row for c in args.concurrency.split(",") for row in measure(int(c), args.rollouts, args.rounds, data_dir)]
+    where = write_results(NAME, rows, args.results_dir)
+    print(f"\nrollouts/s against an instant-policy container ({args.rollouts} per arm, median of {args.rounds}):")
+    for row in rows:
+        print(f"  c={row['concurrency']:<3} {row['arm']:<13} {row['rollouts_per_s']:8.1f}/s  "
+              f"({row['ratio_vs_raw']:.2f} of raw; whole-run wall {row['wall_rollouts_per_s']:.1f}/s)")
+    print(f"  written to {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Overlap benchmark (not a test): wall time of a fixed-budget optimization run when every
+model call takes `--latency` seconds, at several rollout concurrencies, for our GEPA and for
+the `gepa` library through its adapter, in one invocation.
+
+Policy and proposer are the scripted model with injected latency (`rules?latency_s=0.2`)
+behind the default gateway; the container is Banking77 (real rows and scoring; its policy
+call is the 200 ms one). The limit a run can reach is rollouts x latency / concurrency (the
+rollouts it spent, at most the budget, perfectly packed); each arm's optimization wall time (run start to its
+last optimization rollout) is reported against it. Arms:
+
+- `gepa`: ours with `parallel_proposals` = concurrency / minibatch, so the slots stay full;
+- `gepa_sequential`: ours with one iteration at a time (the loop before parallel proposals);
+- `gepa_ai`: the reference library, which runs one iteration at a time by design.
+
+    python -m benchmarks.perf.overlap [--concurrency 1,4,16,64] [--budget 320] [--latency 0.2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from benchmarks.perf.common import default_data_dir, optimization_window, write_results
+from harness.gateway.models import GatewaySettings, LimitSettings
+from harness.run import execute_run
+from harness.services import Services
+from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
+
+NAME = "overlap"
+MINIBATCH = 4
+GATEWAY = GatewaySettings(limits=LimitSettings(max_concurrency=512))
+ARMS = ("gepa", "gepa_sequential", "gepa_ai")
+
+
+def run_spec(arm: str, concurrency: int, budget: int, latency: float, data_dir: str, root: Path) -> RunSpec:
+    source = f"rules?latency_s={latency:g}"
+    if arm == "gepa_ai":
+        algorithm = AlgorithmSpec(name="gepa_ai", params={"minibatch_size": MINIBATCH})
+    else:
+        parallel = 1 if arm == "gepa_sequential" else max(1, concurrency // MINIBATCH)
+        algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": MINIBATCH, "parallel_proposals": parallel})
+    return RunSpec(
+        container=ContainerSpec(name="banking77", command=["python", "-m", "benchmarks.containers.banking77"],
+                                data_dir=data_dir, target_modules=["stage2_system"]),
+        policy=ModelSpec(provider="scripted", model="scripted-latency", source=source, max_tokens=24),
+        proposer=ModelSpec(provider="scripted", model="scripted-latency", source=source, max_tokens=4000),
+        algorithm=algorithm,
+        pools=Pools(train=tuple(f"train:{i}" for i in range(200)),
+                    pareto=tuple(f"train:{i}" for i in range(200, 216)), heldout=("test:0",)),
+        budget=BudgetSpec(max_rollouts=budget), concurrency=concurrency, evidence_root=str(root), sweep="overlap",
+    )
+
+
+def one_run(services: Services, spec: RunSpec) -> dict[str, Any]:
+    endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
+    started = time.perf_counter()
+    outcome = asyncio.run(execute_run(spec, endpoints))
+    wall = time.perf_counter() - started
+    if outcome.status != "done":
+        raise RuntimeError(f"{spec.algorithm.name} at concurrency {spec.concurrency} failed: {outcome.error}")
+    run_dir = Path(outcome.evidence_dir)
+    rollouts, optimization_s = optimization_window(pl.read_parquet(run_dir / "rollouts.parquet"))
+    proposals = pl.read_parquet(run_dir / "proposals.parquet").height
+    return {"rollouts": rollouts, "optimization_s": optimization_s, "run_wall_s": wall, "proposals": proposals}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated rollouts in flight")
+    parser.add_argument("--budget", type=int, default=320, help="optimization rollouts per run")
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds every model call takes")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="budget 48 at concurrency 1 and 16: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.budget, args.concurrency = 48, "1,16"
+    data_dir = default_data_dir(args.data_dir)
+    arms = [a for a in args.arms.split(",") if a]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="overlap-bench-") as tmp, \
+            Services(Path(tmp) / "logs", gateway=GATEWAY) as services:
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            for arm in arms:
+                got = one_run(services, run_spec(arm, concurrency, args.budget, args.latency, data_dir,
+                                                 Path(tmp) / f"{arm}-{concurrency}"))
+                limit = got["rollouts"] * args.latency / concurrency  # the rollouts it spent, perfectly packed
+                row = {"arm": arm, "concurrency": concurrency, "budget": args.budget, "latency_s": args.latency,
+                       "limit_s": limit, **got, "ratio_to_limit": got["optimization_s"] / limit}
+                rows.append(row)
+                print(f"c={concurrency:<3} {arm:<16} {got['optimization_s']:7.1f}s for {got['rollouts']} rollouts "
+                      f"({row['ratio_to_limit']:.2f}x the {limit:.1f}s limit)", flush=True)
+    by_key = {(r["arm"], r["concurrency"]): r for r in rows}
+    for row in rows:
+        library = by_key.get(("gepa_ai", row["concurrency"]))
+        row["ratio_to_library"] = row["optimization_s"] / library["optimization_s"] if library else None
+    where = write_results(NAME, rows, args.results_dir)
+    print(f"\noptimization wall time, budget {args.budget}, every model call {args.latency:g}s (limit = rollouts x latency"
+          " / concurrency):")
+    for row in rows:
+        vs_library = f", {row['ratio_to_library']:.2f}x the library" if row["ratio_to_library"] else ""
+        print(f"  c={row['concurrency']:<3} {row['arm']:<16} {row['optimization_s']:7.1f}s  "
+              f"{row['ratio_to_limit']:.2f}x limit{vs_library}")
+    print(f"  written to {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The performance table: one markdown line per figure, read from the benchmarks' Parquet
+results (whichever exist), written to `<results>/summary.md`.
+
+    python -m benchmarks.perf.summary [--results-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+
+from benchmarks.perf.common import RESULTS_DIR
+
+Line = tuple[str, str, str]  # what, figure, goal
+
+
+def _overhead(df: pl.DataFrame) -> list[Line]:
+    out = []
+    for row in df.filter(pl.col("arm") != "raw").sort("concurrency", "arm").iter_rows(named=True):
+        raw = df.filter((pl.col("arm") == "raw") & (pl.col("concurrency") == row["concurrency"]))["rollouts_per_s"][0]
+        what = {"harness_eval": "evaluation only (seed-only)", "harness_gepa": "GEPA, parallel proposals"}[row["arm"]]
+        out.append((f"overhead: harness vs bare loop, instant-policy container, {row['concurrency']} in flight, {what}",
+                    f"{row['rollouts_per_s']:.0f} vs {raw:.0f} rollouts/s (**{row['ratio_vs_raw']:.2f}**)", ">= 0.90"))
+    return out
+
+
+def _overlap(df: pl.DataFrame) -> list[Line]:
+    names = {"gepa": "our GEPA", "gepa_sequential": "our GEPA, one iteration at a time", "gepa_ai": "gepa library"}
+    out = []
+    for row in df.sort("concurrency", "arm").iter_rows(named=True):
+        library = "" if row["arm"] == "gepa_ai" or row["ratio_to_library"] is None else \
+            f"; {row['ratio_to_library']:.2f}x the library's time"
+        goal = "<= 1.5x limit" if row["concurrency"] == 16 and row["arm"] == "gepa" else ""
+        out.append((f"overlap: {names.get(row['arm'], row['arm'])}, {row['latency_s'] * 1000:.0f} ms per model call, "
+                     f"concurrency {row['concurrency']}",
+                     f"{row['optimization_s']:.1f} s for {row['rollouts']} rollouts, "
+                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit{library}", goal))
+    return out
+
+
+def _scale(df: pl.DataFrame) -> list[Line]:
+    out = []
+    for row in df.sort("runs").iter_rows(named=True):
+        out.append((f"scale: {row['runs']} runs on Ray ({row['max_runs_in_flight']} in flight), fake endpoints",
+                    f"{row['rollouts_per_s']:.0f} rollouts/s ({row['rollouts_per_s_vs_1_run']:.2f}x 1 run), "
+                    f"driver peak RSS {row['driver_peak_rss_mib']:.0f} MiB", ""))
+    return out
+
+
+def _local_model(df: pl.DataFrame) -> list[Line]:
+    out = []
+    for row in df.iter_rows(named=True):
+        if row["benchmark_part"] == "slots":
+            out.append((f"local model {row['model']}: {row['slots']} slot(s), {row['slots']} in flight",
+                        f"{row['rows_per_s']:.2f} rows/s ({row['ratio_vs_1_slot']:.2f}x 1 slot)", ""))
+        else:
+            state = "on" if row["cache_prompt"] else "off"
+            out.append((f"local model {row['model']}: prefix cache {state}, shared system prompt",
+                        f"{row['rows_per_s']:.2f} rows/s, {row['prompt_tokens_evaluated_per_row']:.0f} prompt tokens "
+                        f"evaluated per row ({row['ratio_vs_no_cache']:.2f}x no cache)", ""))
+    return out
+
+
+def _report_scale(df: pl.DataFrame) -> list[Line]:
+    return [(f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
+             f"{row['seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB", "")
+            for row in df.iter_rows(named=True)]
+
+
+def _gateway(df: pl.DataFrame) -> list[Line]:
+    row = df.row(0, named=True)
+    return [(f"gateway vs direct to a fake upstream, {row['concurrency']} concurrent calls",
+             f"{row['gateway_per_s']:.0f} vs {row['direct_per_s']:.0f} completions/s "
+             f"({row['ratio_gateway_vs_direct']:.2f}); cache hit {row['gateway_cache_hit_per_s']:.0f}/s", "")]
+
+
+SECTIONS: dict[str, Callable[[pl.DataFrame], list[Line]]] = {
+    "overhead": _overhead, "overlap": _overlap, "scale": _scale, "local_model": _local_model,
+    "report_scale": _report_scale, "gateway_overhead": _gateway,
+}
+
+
+def summary_table(results_dir: Path) -> str:
+    lines, machines = [], set()
+    for name, render in SECTIONS.items():
+        path = results_dir / f"{name}.parquet"
+        if not path.exists():
+            continue
+        df = pl.read_parquet(path)
+        machines.update(f"{r['cpus']} CPUs, Python {r['python']}, measured {r['measured_at'][:10]}"
+                        for r in df.select("cpus", "python", "measured_at").iter_rows(named=True))
+        lines.extend(render(df))
+    if not lines:
+        raise SystemExit(f"no benchmark results in {results_dir}")
+    table = ["| what | figure | goal |", "|---|---|---|", *(f"| {w} | {f} | {g} |" for w, f, g in lines)]
+    return "\n".join([*table, "", "Machines: " + "; ".join(sorted(machines)) + "."])
+
+
+def write_summary(results_dir: Path) -> str:
+    table = summary_table(results_dir)
+    (results_dir / "summary.md").write_text(table + "\n")
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    print(write_summary(parser.parse_args(argv).results_dir))
+
+
+if __name__ == "__main__":
+    main()
