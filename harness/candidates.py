@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from functools import cached_property
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -23,8 +25,8 @@ class Candidate(BaseModel):
     generation: int = 0
     origin: str = "seed"
 
-    @property
-    def digest(self) -> str:
+    @cached_property
+    def digest(self) -> str:  # frozen texts: hashed once, not on every cache lookup
         return digest_of(self.texts)
 
 

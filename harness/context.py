@@ -246,7 +246,7 @@ class RunContext:
         results = await asyncio.gather(
             *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
         )
-        refused = await self.sync_spend() if self.gateway is not None else set()
+        refused = await self.sync_spend() if self.gateway is not None and self.gateway.refresh_due() else set()
         for task_id, result in zip(todo, results):
             if self.rollout_id(candidate, task_id) in refused:
                 self._mark_refused(self.rollout_id(candidate, task_id))  # not run: neither cached nor failed
@@ -257,7 +257,7 @@ class RunContext:
         if self._container_lost is not None:
             raise RunFailed(self._container_lost)
         self._check_error_rate()
-        self._notify(stage)
+        self.notify(stage)
 
     def cached_result(self, candidate: Candidate, task_id: str) -> RolloutResult | None:
         return self._cache.get((candidate.digest, task_id))
@@ -401,7 +401,7 @@ class RunContext:
             self.usage.cost_unknown = True
         else:
             self.usage.cost_usd += cost
-        if self.gateway is not None:
+        if self.gateway is not None and self.gateway.refresh_due():
             await self.sync_spend()
         return result
 
@@ -454,9 +454,9 @@ class RunContext:
 
     def report_best(self, score: float) -> None:
         self.best_score = score if self.best_score is None else max(self.best_score, score)
-        self._notify("best")
+        self.notify("best")
 
-    def _notify(self, stage: str) -> None:
+    def notify(self, stage: str) -> None:
         if self.observer is not None:
             self.observer(Progress(self.usage.rollouts, self.spec.budget.max_rollouts, self.best_score,
                                    self.usage.tokens, stage, self.gateway.spend if self.gateway else None))

@@ -203,6 +203,7 @@ async def _gateway_evidence(ctx: RunContext) -> tuple[list[dict[str, Any]], dict
         return [], None
     try:
         await ctx.sync_spend()
+        ctx.notify("done")  # the progress line ends on the metered totals
         rows = ctx.gateway.rows(await ctx.gateway.calls())
     except HarnessError as exc:
         ctx.event("error", f"model calls not recorded: {exc}")

@@ -30,7 +30,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         load_1m = None
     return {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "load_1m_at_start": load_1m}
+            "cpus": os.cpu_count(), "python": platform.python_version(), "load_1m_when_written": load_1m}
 
 
 def write_results(name: str, rows: list[dict[str, Any]], results_dir: Path | None = None) -> Path:

@@ -24,7 +24,7 @@ does not expose llama-server's `timings`: prompt_n, cache_n, prompt_ms, predicte
 
 Figures are printed and written to benchmarks/perf/results/local_model.parquet (one row per
 configuration, with the machine columns of benchmarks.perf.common). A 2-core machine that
-is doing anything else gives noisy absolute figures: read them with load_1m_at_start.
+is doing anything else gives noisy absolute figures: read them with load_1m_when_written.
 
     python -m benchmarks.perf.local_model [--model qwen2.5-coder-1.5b] [--rows 24] [--slots 1,2,4]
         [--quick] [--data-dir DIR] [--results-dir DIR]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -55,14 +56,15 @@ def scripted(max_tokens: int) -> ModelSpec:
     return ModelSpec(provider="scripted", model="scripted-rules", source="rules", max_tokens=max_tokens)
 
 
-def run_spec(arm: str, data_dir: str, root: Path, rollouts: int, concurrency: int, seed: int) -> RunSpec:
+def run_spec(arm: str, data_dir: str, root: Path, rollouts: int, concurrency: int, seed: int,
+             proposals_per_slot: float = 1.0) -> RunSpec:
     if arm == "harness_eval":
         algorithm = AlgorithmSpec(name="seed_only", params={})
         pools = Pools(train=("train:0",), pareto=tuple(f"train:{i}" for i in range(1, rollouts + 1)),
                       heldout=("test:0",))
     else:
-        algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": 4,
-                                                       "parallel_proposals": max(1, concurrency // 4)})
+        parallel = max(1, round(proposals_per_slot * concurrency / 4))
+        algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": 4, "parallel_proposals": parallel})
         pools = Pools(train=tuple(f"train:{i}" for i in range(400)),
                       pareto=tuple(f"train:{i}" for i in range(400, 416)), heldout=("test:0",))
     return RunSpec(container=container_spec(data_dir), policy=scripted(24), proposer=scripted(4000),
@@ -84,21 +86,23 @@ async def prepared_bodies(container_url: str, policy_url: str, n: int) -> list[d
 
 
 async def raw_loop(container_url: str, bodies: list[dict[str, Any]], concurrency: int, salt: str) -> float:
-    """Rollouts per second a bare async loop gets: one pooled client, `concurrency` in flight."""
-    gate = asyncio.Semaphore(concurrency)
+    """Rollouts per second a bare async loop gets: bodies encoded before the clock starts,
+    `concurrency` workers on one pooled client, answers checked without parsing them."""
+    encoded = [json.dumps(dict(body, rollout_id=f"{salt}-{i}")).encode() for i, body in enumerate(bodies)]
+    queue = list(reversed(encoded))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"content-type": "application/json"}
     async with httpx.AsyncClient(base_url=container_url, timeout=60.0, limits=limits) as http:
 
-        async def one(i: int, body: dict[str, Any]) -> None:
-            async with gate:
-                response = await http.post("/rollout", json=dict(body, rollout_id=f"{salt}-{i}"))
-            response.raise_for_status()
-            if response.json().get("status") != "ok":
-                raise RuntimeError(f"raw rollout failed: {response.text[:200]}")
+        async def worker(items: list[bytes]) -> None:
+            while items:
+                response = await http.post("/rollout", content=items.pop(), headers=headers)
+                if response.status_code != 200 or b'"status":"ok"' not in response.content:
+                    raise RuntimeError(f"raw rollout failed: {response.text[:200]}")
 
-        await asyncio.gather(*(one(0, bodies[0]) for _ in range(concurrency)))  # open the connections
+        await asyncio.gather(*(worker(encoded[:1]) for _ in range(concurrency)))  # open the connections
         started = time.perf_counter()
-        await asyncio.gather(*(one(i, body) for i, body in enumerate(bodies)))
+        await asyncio.gather(*(worker(queue) for _ in range(concurrency)))
         return len(bodies) / (time.perf_counter() - started)
 
 
@@ -116,7 +120,8 @@ def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
     return {"rate": optimizing.height / window, "wall_rate": optimizing.height / wall, "rollouts": optimizing.height}
 
 
-def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str) -> list[dict[str, Any]]:
+def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
+            proposals_per_slot: float = 1.0) -> list[dict[str, Any]]:
     rates: dict[str, list[float]] = {"raw": [], "harness_eval": [], "harness_gepa": []}
     wall_rates: dict[str, list[float]] = {"harness_eval": [], "harness_gepa": []}
     with tempfile.TemporaryDirectory(prefix="overhead-bench-") as tmp, Services(Path(tmp) / "logs", gateway=GATEWAY) as services:
@@ -127,7 +132,8 @@ def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str) -> list
         for r in range(rounds):
             rates["raw"].append(asyncio.run(raw_loop(endpoints.container_url, bodies, concurrency, f"r{r}")))
             for arm in ("harness_eval", "harness_gepa"):
-                got = harness_rate(run_spec(arm, data_dir, Path(tmp) / f"r{r}", rollouts, concurrency, r), endpoints)
+                spec = run_spec(arm, data_dir, Path(tmp) / f"r{r}", rollouts, concurrency, r, proposals_per_slot)
+                got = harness_rate(spec, endpoints)
                 rates[arm].append(got["rate"])
                 wall_rates[arm].append(got["wall_rate"])
             print(f"concurrency {concurrency} round {r}: "
@@ -146,12 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", default=None, help="datasets (default: $HARNESS_DATA_DIR or ../shared/datasets)")
     parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--proposals-per-slot", type=float, default=1.0,
+                        help="GEPA's parallel_proposals = this x concurrency / minibatch")
     parser.add_argument("--quick", action="store_true", help="200 rollouts, 1 round: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.rollouts, args.rounds = 200, 1
     data_dir = default_data_dir(args.data_dir)
-    rows = [row for c in args.concurrency.split(",") for row in measure(int(c), args.rollouts, args.rounds, data_dir)]
+    rows = [row for c in args.concurrency.split(",") for row in measure(int(c), args.rollouts, args.rounds, data_dir,
+                                                                  args.proposals_per_slot)]
     where = write_results(NAME, rows, args.results_dir)
     print(f"\nrollouts/s against an instant-policy container ({args.rollouts} per arm, median of {args.rounds}):")
     for row in rows:

@@ -38,12 +38,13 @@ GATEWAY = GatewaySettings(limits=LimitSettings(max_concurrency=512))
 ARMS = ("gepa", "gepa_sequential", "gepa_ai")
 
 
-def run_spec(arm: str, concurrency: int, budget: int, latency: float, data_dir: str, root: Path) -> RunSpec:
+def run_spec(arm: str, concurrency: int, budget: int, latency: float, data_dir: str, root: Path,
+             proposals_per_slot: float = 1.0) -> RunSpec:
     source = f"rules?latency_s={latency:g}"
     if arm == "gepa_ai":
         algorithm = AlgorithmSpec(name="gepa_ai", params={"minibatch_size": MINIBATCH})
     else:
-        parallel = 1 if arm == "gepa_sequential" else max(1, concurrency // MINIBATCH)
+        parallel = 1 if arm == "gepa_sequential" else max(1, round(proposals_per_slot * concurrency / MINIBATCH))
         algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": MINIBATCH, "parallel_proposals": parallel})
     return RunSpec(
         container=ContainerSpec(name="banking77", command=["python", "-m", "benchmarks.containers.banking77"],
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, default=320, help="optimization rollouts per run")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds every model call takes")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--proposals-per-slot", type=float, default=1.0,
+                        help="our parallel_proposals = this x concurrency / minibatch")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--results-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="budget 48 at concurrency 1 and 16: a smoke run")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             for arm in arms:
                 got = one_run(services, run_spec(arm, concurrency, args.budget, args.latency, data_dir,
-                                                 Path(tmp) / f"{arm}-{concurrency}"))
+                                                 Path(tmp) / f"{arm}-{concurrency}", args.proposals_per_slot))
                 limit = got["rollouts"] * args.latency / concurrency  # the rollouts it spent, perfectly packed
                 row = {"arm": arm, "concurrency": concurrency, "budget": args.budget, "latency_s": args.latency,
                        "limit_s": limit, **got, "ratio_to_limit": got["optimization_s"] / limit}

@@ -127,13 +127,15 @@ def write_configs(root: Path, sweep: str, runs: int, budget: int) -> Path:
     return root
 
 
-def _harness_limits() -> dict[str, Any]:
-    """The harness's shared limits this benchmark leaves at their defaults (configs/config.yaml)."""
+def _harness_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The sweep-wide limits: per-run concurrency at its default (configs/config.yaml), the
+    shared container and model limits raised from their local-model defaults (8 and 4),
+    which would otherwise cap the whole sweep rather than measure it."""
     from omegaconf import OmegaConf
 
     config = OmegaConf.load(REPO / "configs" / "config.yaml")
-    return {"run_concurrency": config.concurrency, "ray_container_concurrency": config.ray.container_concurrency,
-            "ray_model_concurrency": config.ray.model_concurrency}
+    return {"run_concurrency": config.concurrency, "ray_container_concurrency": args.container_concurrency,
+            "ray_model_concurrency": args.model_concurrency}
 
 
 def _fail(message: str, log: Path) -> None:
@@ -148,7 +150,8 @@ def measure(runs: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     evidence, log = work / "evidence", work / "sweep.log"
     command = [sys.executable, "-m", "harness", f"+sweep={sweep}", "models=scripted", "algorithm=gepa",
                f"hydra.searchpath=[file://{configs}]", f"evidence_root={evidence}", *POOLS,
-               f"ray.max_runs_in_flight={in_flight}", f"ray.cpus_per_run={args.cpus_per_run}"]
+               f"ray.max_runs_in_flight={in_flight}", f"ray.cpus_per_run={args.cpus_per_run}",
+               f"ray.container_concurrency={args.container_concurrency}", f"ray.model_concurrency={args.model_concurrency}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a fresh local Ray
     env.update(HARNESS_DATA_DIR=str(args.data_dir), COLUMNS="200", PYTHONUNBUFFERED="1")
     load_before = os.getloadavg()[0]
@@ -195,7 +198,7 @@ def measure(runs: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         starts.append(datetime.fromisoformat(timings["started_at"]).timestamp())
         ends.append(datetime.fromisoformat(timings["finished_at"]).timestamp())
     span = max(ends) - min(starts)
-    limits = _harness_limits()
+    limits = _harness_limits(args)
     # the driver's high-water mark when the last run finished: before the closing report
     during = max((hwm for at, hwm in sampler.history if at <= max(ends)), default=0)
     return {
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--budget", type=int, default=40, help="budget.max_rollouts per run")
     parser.add_argument("--max-in-flight", type=int, default=8, help="ray.max_runs_in_flight is min(N, this)")
     parser.add_argument("--cpus-per-run", type=float, default=0.25, help="ray.cpus_per_run")
+    parser.add_argument("--container-concurrency", type=int, default=64, help="ray.container_concurrency")
+    parser.add_argument("--model-concurrency", type=int, default=64, help="ray.model_concurrency")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per sweep")
     parser.add_argument("--quick", action="store_true", help="runs 1,4 at a budget of 20 (smoke test)")
     parser.add_argument("--results-dir", type=Path, default=None, help="default: benchmarks/perf/results")

@@ -44,8 +44,10 @@ def _overlap(df: pl.DataFrame) -> list[Line]:
 def _scale(df: pl.DataFrame) -> list[Line]:
     out = []
     for row in df.sort("runs").iter_rows(named=True):
+        vs_one = row.get("rollouts_per_s_vs_1_run")
+        ratio = f" ({vs_one:.2f}x 1 run)" if vs_one is not None else ""
         out.append((f"scale: {row['runs']} runs on Ray ({row['max_runs_in_flight']} in flight), fake endpoints",
-                    f"{row['rollouts_per_s']:.0f} rollouts/s ({row['rollouts_per_s_vs_1_run']:.2f}x 1 run), "
+                    f"{row['rollouts_per_s']:.0f} rollouts/s{ratio}, "
                     f"driver peak RSS {row['driver_peak_rss_mib']:.0f} MiB", ""))
     return out
 

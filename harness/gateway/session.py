@@ -6,6 +6,7 @@ into the run, and fetches the run's calls for its evidence at the end."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 _RECORDS = TypeAdapter(list[CallRecord])
 # columns of the model_calls table the gateway does not know: the run fills them in
 _RUN_COLUMNS = ("rollout_id", "proposal_id")
+REFRESH_EVERY_S = 1.0
 
 
 class GatewaySession:
@@ -38,6 +40,7 @@ class GatewaySession:
         self._proposal_of: dict[str, str] = {}
         self._rollout_scopes: set[str] = set()
         self._refused_seen = 0
+        self._refreshed_at = float("-inf")
 
     async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
         try:
@@ -82,8 +85,16 @@ class GatewaySession:
             self._proposal_of[scope] = proposal_id
         self._unassigned.clear()
 
+    def refresh_due(self) -> bool:
+        """Whether to read the spend after a batch: always under a USD budget (the stop and
+        the refusals must be exact; the gateway refuses nothing without one), otherwise at
+        most every REFRESH_EVERY_S, for the progress line: a read per small batch would
+        be a third of the run's HTTP calls."""
+        return self.registration.budget_usd is not None or time.monotonic() - self._refreshed_at >= REFRESH_EVERY_S
+
     async def refresh(self) -> set[str]:
         """Read the run's spend; returns the scopes refused (budget) since the last refresh."""
+        self._refreshed_at = time.monotonic()
         response = await self._request("GET", f"/runs/{self.run_id}/spend")
         self.spend = RunSpend.model_validate_json(response.content)
         refused = self.spend.refused_scopes[self._refused_seen:]
