@@ -52,6 +52,14 @@ class ContainerSpec(Spec):
     startup_timeout_s: float = Field(default=60.0, gt=0)
     request_timeout_s: float = Field(default=180.0, gt=0)
 
+    @field_validator("command", mode="before")
+    @classmethod
+    def _arguments_as_text(cls, value: Any) -> Any:
+        """`--max-steps,30` in a Hydra override arrives as an int: a command line is text."""
+        if isinstance(value, (list, tuple)):
+            return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in value]
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "ContainerSpec":
         if not self.command and not self.url:

@@ -141,3 +141,11 @@ def test_cfg_job_with_a_sweep_prints_it_and_starts_nothing(tmp_path):
     assert "sweep smoke:" not in out.stdout  # no sweep banner (stdout is all YAML: it parsed above)
     assert not evidence.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_numbers_in_a_container_command_override_become_arguments(hydra_configs):
+    overrides = ["container=tau2_retail", "container.command=[python,-m,benchmarks.containers.tau2_retail,--max-steps,30]"]
+    _, spec = validate(compose_raw(overrides))
+    assert spec.container.command == ["python", "-m", "benchmarks.containers.tau2_retail", "--max-steps", "30"]
+    quoted = ["container=tau2_retail", "container.command=[python,-m,benchmarks.containers.tau2_retail,--max-steps,'30']"]
+    assert validate(compose_raw(quoted))[1].run_id == spec.run_id  # the same command, the same run
