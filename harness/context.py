@@ -232,8 +232,10 @@ class RunContext:
         for event in elsewhere:
             await event.wait()
         if any((candidate.digest, t) not in self._cache for t in task_ids):
-            # another evaluation's rollout of a pair was refused or failed with it
-            raise BudgetExhausted(self.stop_reason() or "max_cost_usd")
+            # the other evaluation's rollout of a pair was refused (budget) or ended with an error
+            if self.usage.budget_refused:
+                raise BudgetExhausted("max_cost_usd")
+            raise RunFailed(self._container_lost or "a rollout awaited from a concurrent evaluation did not finish")
         return [self._cache[(candidate.digest, t)] for t in task_ids]
 
     async def _evaluate_new(self, candidate: Candidate, todo: list[str], stage: str) -> None:
@@ -246,13 +248,18 @@ class RunContext:
         results = await asyncio.gather(
             *(self._rollout(candidate, task_id, stage, seq) for task_id, seq in zip(todo, seqs))
         )
-        refused = await self.sync_spend() if self.gateway is not None and self.gateway.refresh_due() else set()
+        refused: set[str] = set()
+        if self.gateway is not None:
+            if self.gateway.refresh_due():
+                await self.sync_spend()
+            # all refusals, not just the new ones: a concurrent evaluation's read may have seen ours first
+            refused = set(self.gateway.spend.refused_scopes)
         for task_id, result in zip(todo, results):
             if self.rollout_id(candidate, task_id) in refused:
                 self._mark_refused(self.rollout_id(candidate, task_id))  # not run: neither cached nor failed
             else:
                 self._cache[(candidate.digest, task_id)] = result
-        if refused:
+        if any(self.rollout_id(candidate, t) in refused for t in todo):
             raise BudgetExhausted("max_cost_usd")
         if self._container_lost is not None:
             raise RunFailed(self._container_lost)
@@ -375,8 +382,10 @@ class RunContext:
 
     # ---- proposer ----------------------------------------------------------------
 
-    async def propose(self, messages: list[ChatMessage], *, temperature: float, max_tokens: int) -> ChatResult:
-        """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent."""
+    async def propose(self, messages: list[ChatMessage], *, temperature: float, max_tokens: int,
+                      scopes: list[str] | None = None) -> ChatResult:
+        """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent.
+        The call's gateway scope is appended to `scopes`, for `record_proposal`."""
         reason = self.stop_reason()
         if reason in ("max_cost_usd", "max_wall_s"):
             raise BudgetExhausted(reason)
@@ -384,14 +393,20 @@ class RunContext:
             raise BudgetExhausted("max_cost_usd")
         # A seed drawn from the run's RNG keeps sampled proposals reproducible.
         client = self.proposer_client
+        scope = None
         if self.gateway is not None:  # one attributed URL per proposer call
             client = self.gateway.proposer_client(client)
+            scope = self.gateway.last_proposer_scope  # this call's, before another call can start
+            if scopes is not None:
+                scopes.append(scope)
         try:
             result = await client.complete(
                 messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))
         except ServiceError:
-            if self.gateway is not None and self.gateway.last_proposer_scope in await self.sync_spend():
-                raise BudgetExhausted("max_cost_usd") from None
+            if self.gateway is not None:
+                await self.sync_spend()
+                if scope in self.gateway.spend.refused_scopes:
+                    raise BudgetExhausted("max_cost_usd") from None
             raise
         cost = self.proposer_cost(result.prompt_tokens, result.completion_tokens)
         self.usage.proposer_calls += 1
@@ -430,7 +445,9 @@ class RunContext:
     def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         return cost_usd(self.spec.proposer.provider, self.spec.proposer.model, prompt_tokens, completion_tokens)
 
-    def record_proposal(self, **fields: Any) -> str:
+    def record_proposal(self, proposer_scopes: list[str] | None = None, **fields: Any) -> str:
+        """Add a proposals row; `proposer_scopes` (from `propose(scopes=...)`) ties its
+        proposer calls to it, else every call since the last recorded proposal is."""
         proposal_id = f"p{self._proposal_seq:04d}"
         self._proposal_seq += 1
         row = {name: None for name in (
@@ -441,7 +458,7 @@ class RunContext:
         row.update({"run_id": self.run_id, "proposal_id": proposal_id})
         self.evidence.proposals.append(row)
         if self.gateway is not None:
-            self.gateway.assign_proposal(proposal_id)
+            self.gateway.assign_proposal(proposal_id, proposer_scopes)
         return proposal_id
 
     # ---- events and progress ---------------------------------------------------------

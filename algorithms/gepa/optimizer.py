@@ -157,13 +157,14 @@ class GepaOptimizer:
         edit_format = formats[iteration % len(formats)]
         attempts = 0
         proposal = None
+        scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
         for attempt in range(self.params.proposal_attempts):
             attempts = attempt + 1
             edit_format = formats[(iteration + attempt) % len(formats)]
             messages = build_messages(current, results, edit_format, task_info, self.params.max_examples)
             try:
                 reply = await ctx.propose(messages, temperature=self.params.proposer_temperature,
-                                          max_tokens=self.params.proposer_max_tokens)
+                                          max_tokens=self.params.proposer_max_tokens, scopes=scopes)
             except ServiceError as exc:
                 # An endpoint that keeps failing (after the client's retries) fails the run.
                 self._proposer_errors += 1
@@ -184,7 +185,7 @@ class GepaOptimizer:
             "proposer_model": ctx.spec.proposer.model, "edit_format": edit_format, "attempts": attempts,
             "status": status, "changed": status == "changed", "parent_minibatch_score": parent_score,
             "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "latency_s": latency,
-            "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error,
+            "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error, "proposer_scopes": scopes,
         }
         if proposal is None or status != "changed":
             ctx.record_proposal(**fields, accepted=False)

@@ -79,11 +79,13 @@ class GatewaySession:
     def last_proposer_scope(self) -> str | None:
         return self._unassigned[-1] if self._unassigned else None
 
-    def assign_proposal(self, proposal_id: str) -> None:
-        """The proposer calls made since the last recorded proposal belong to this one."""
-        for scope in self._unassigned:
+    def assign_proposal(self, proposal_id: str, scopes: list[str] | None = None) -> None:
+        """`scopes` (default: the proposer calls made since the last recorded proposal)
+        belong to this proposal; iterations in flight together name their own."""
+        mine = list(self._unassigned) if scopes is None else scopes
+        for scope in mine:
             self._proposal_of[scope] = proposal_id
-        self._unassigned.clear()
+        self._unassigned = [s for s in self._unassigned if s not in set(mine)]
 
     def refresh_due(self) -> bool:
         """Whether to read the spend after a batch: always under a USD budget (the stop and
