@@ -63,9 +63,13 @@ class ContainerClient:
         self._gate = gate
         self.retry = retry or RetryPolicy()
         self._limit = asyncio.Semaphore(concurrency)
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s, limits=httpx.Limits(max_connections=max(concurrency, 1) * 2)
-        )
+        # One single-connection client per call in flight, handed out under the semaphore:
+        # httpx's shared pool costs more per request the more requests wait in it, which
+        # capped a run at about 0.4 of the rate a container serves (benchmarks/perf/overhead.py).
+        self._timeout_s = timeout_s
+        self._idle: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient] = []
+        self._tls: Any = None
 
     def _key(self) -> str | None:
         if not self.api_key_env:
@@ -79,26 +83,42 @@ class ContainerClient:
         url = f"{self.base_url}{route}"
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        last_error, kind, refused = "no attempt made", FailureKind.TRANSIENT, False
         async with self._limit:
-            for attempt in range(self.retry.attempts):
-                wait: float | None = None
-                try:
-                    response = await self._http.request(method, url, json=body, headers=headers)
-                except (httpx.TimeoutException, httpx.TransportError) as exc:
-                    last_error, kind = f"{type(exc).__name__}", FailureKind.TRANSIENT
-                    refused = isinstance(exc, httpx.ConnectError)
-                else:
-                    refused = False
-                    if response.status_code == 200:
-                        return self._parse(route, response, model)
-                    kind = classify_status(response.status_code)
-                    last_error = f"HTTP {response.status_code}: {redact(response.text[:200], key)}"
-                    if kind is FailureKind.FATAL:
-                        break
-                    wait = _retry_after_seconds(response)
-                if attempt + 1 < self.retry.attempts:
-                    await asyncio.sleep(self.retry.delay(attempt, wait))
+            http = self._idle.pop() if self._idle else self._new_client()
+            try:
+                return await self._attempts(http, method, route, url, model, body, headers, key)
+            finally:
+                self._idle.append(http)
+
+    def _new_client(self) -> httpx.AsyncClient:
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()  # loading the CA bundle takes ~50 ms: once per client set
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        client = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, verify=self._tls)
+        self._clients.append(client)
+        return client
+
+    async def _attempts(self, http: httpx.AsyncClient, method: str, route: str, url: str, model: type[M], body: Any,
+                        headers: dict[str, str], key: str | None) -> M:
+        last_error, kind, refused = "no attempt made", FailureKind.TRANSIENT, False
+        for attempt in range(self.retry.attempts):
+            wait: float | None = None
+            try:
+                response = await http.request(method, url, json=body, headers=headers)
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                last_error, kind = f"{type(exc).__name__}", FailureKind.TRANSIENT
+                refused = isinstance(exc, httpx.ConnectError)
+            else:
+                refused = False
+                if response.status_code == 200:
+                    return self._parse(route, response, model)
+                kind = classify_status(response.status_code)
+                last_error = f"HTTP {response.status_code}: {redact(response.text[:200], key)}"
+                if kind is FailureKind.FATAL:
+                    break
+                wait = _retry_after_seconds(response)
+            if attempt + 1 < self.retry.attempts:
+                await asyncio.sleep(self.retry.delay(attempt, wait))
         message = f"{method} {route} failed ({kind.value}): {last_error}"
         if refused:  # nothing listens at the url any more (e.g. the container process died)
             raise Unreachable(message)
@@ -154,7 +174,9 @@ class ContainerClient:
         return response
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await asyncio.gather(*(client.aclose() for client in self._clients))
+        self._clients.clear()
+        self._idle.clear()
 
 
 class _AnyBody(BaseModel):

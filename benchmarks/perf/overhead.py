@@ -11,13 +11,14 @@ interleaved over rounds so drift on a shared machine hits all alike, median repo
   `--rollouts` rows: contract client, run context (the rollout choke point), evidence
   writer, gateway registration; the optimizer does no more than evaluate.
 - `harness_gepa`: `execute_run` with our GEPA, a budget of `--rollouts`, minibatch 4 and
-  `parallel_proposals` = concurrency / 4, the scripted proposer behind the gateway.
+  `parallel_proposals` = 4 x concurrency / 4 (rollouts are instant, so the proposer's round
+  trip through the gateway is the wait to overlap), the scripted proposer behind the gateway.
 
 A harness rate counts optimization rollouts over the window from the first rollout's start
 to the last one's end (from the rollouts table); the whole `execute_run` wall (preflight,
 heldout, evidence write) is reported beside it.
 
-    python -m benchmarks.perf.overhead [--concurrency 16] [--rollouts 1000] [--rounds 3] [--quick]
+    python -m benchmarks.perf.overhead [--concurrency 16,64] [--rollouts 1000] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -87,23 +88,31 @@ async def prepared_bodies(container_url: str, policy_url: str, n: int) -> list[d
 
 async def raw_loop(container_url: str, bodies: list[dict[str, Any]], concurrency: int, salt: str) -> float:
     """Rollouts per second a bare async loop gets: bodies encoded before the clock starts,
-    `concurrency` workers on one pooled client, answers checked without parsing them."""
+    `concurrency` workers with a warm connection each, answers checked without parsing.
+    One client per worker: a shared httpx pool costs more per request the more requests
+    wait in it (at 64 in flight it, not the container, would set the rate)."""
     encoded = [json.dumps(dict(body, rollout_id=f"{salt}-{i}")).encode() for i, body in enumerate(bodies)]
     queue = list(reversed(encoded))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"content-type": "application/json"}
-    async with httpx.AsyncClient(base_url=container_url, timeout=60.0, limits=limits) as http:
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    clients = [httpx.AsyncClient(base_url=container_url, timeout=60.0, limits=limits) for _ in range(concurrency)]
 
-        async def worker(items: list[bytes]) -> None:
-            while items:
-                response = await http.post("/rollout", content=items.pop(), headers=headers)
-                if response.status_code != 200 or b'"status":"ok"' not in response.content:
-                    raise RuntimeError(f"raw rollout failed: {response.text[:200]}")
+    async def post(http: httpx.AsyncClient, body: bytes) -> None:
+        response = await http.post("/rollout", content=body, headers=headers)
+        if response.status_code != 200 or b'"status":"ok"' not in response.content:
+            raise RuntimeError(f"raw rollout failed: {response.text[:200]}")
 
-        await asyncio.gather(*(worker(encoded[:1]) for _ in range(concurrency)))  # open the connections
+    async def worker(http: httpx.AsyncClient) -> None:
+        while queue:
+            await post(http, queue.pop())
+
+    try:
+        await asyncio.gather(*(post(http, encoded[0]) for http in clients))  # open the connections
         started = time.perf_counter()
-        await asyncio.gather(*(worker(queue) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(http) for http in clients))
         return len(bodies) / (time.perf_counter() - started)
+    finally:
+        await asyncio.gather(*(http.aclose() for http in clients))
 
 
 def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
@@ -147,17 +156,18 @@ def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", default="16", help="comma-separated rollouts in flight, e.g. 4,16,64")
+    parser.add_argument("--concurrency", default="16,64", help="comma-separated rollouts in flight, e.g. 4,16,64")
     parser.add_argument("--rollouts", type=int, default=1000, help="rollouts per arm and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", default=None, help="datasets (default: $HARNESS_DATA_DIR or ../shared/datasets)")
     parser.add_argument("--results-dir", type=Path, default=None)
-    parser.add_argument("--proposals-per-slot", type=float, default=1.0,
-                        help="GEPA's parallel_proposals = this x concurrency / minibatch")
+    parser.add_argument("--proposals-per-slot", type=float, default=4.0,
+                        help="GEPA's parallel_proposals = this x concurrency / minibatch (rollouts are instant "
+                             "here: the proposer's round trip is the wait to overlap)")
     parser.add_argument("--quick", action="store_true", help="200 rollouts, 1 round: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rollouts, args.rounds = 200, 1
+        args.rollouts, args.rounds, args.concurrency = 200, 1, "16"
     data_dir = default_data_dir(args.data_dir)
     rows = [row for c in args.concurrency.split(",") for row in measure(int(c), args.rollouts, args.rounds, data_dir,
                                                                   args.proposals_per_slot)]
