@@ -31,6 +31,7 @@ from harness.errors import (
     classify_status,
     redact,
 )
+from harness.http_pool import ClientPerCall
 from harness.llm import RetryPolicy, _retry_after_seconds
 
 M = TypeVar("M", bound=BaseModel)
@@ -63,13 +64,7 @@ class ContainerClient:
         self._gate = gate
         self.retry = retry or RetryPolicy()
         self._limit = asyncio.Semaphore(concurrency)
-        # One single-connection client per call in flight, handed out under the semaphore:
-        # httpx's shared pool costs more per request the more requests wait in it, which
-        # capped a run at about 0.4 of the rate a container serves (benchmarks/perf/overhead.py).
-        self._timeout_s = timeout_s
-        self._idle: list[httpx.AsyncClient] = []
-        self._clients: list[httpx.AsyncClient] = []
-        self._tls: Any = None
+        self._clients = ClientPerCall(timeout_s)  # see harness/http_pool.py
 
     def _key(self) -> str | None:
         if not self.api_key_env:
@@ -83,20 +78,8 @@ class ContainerClient:
         url = f"{self.base_url}{route}"
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with self._limit:
-            http = self._idle.pop() if self._idle else self._new_client()
-            try:
-                return await self._attempts(http, method, route, url, model, body, headers, key)
-            finally:
-                self._idle.append(http)
-
-    def _new_client(self) -> httpx.AsyncClient:
-        if self._tls is None:
-            self._tls = httpx.create_ssl_context()  # loading the CA bundle takes ~50 ms: once per client set
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        client = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, verify=self._tls)
-        self._clients.append(client)
-        return client
+        async with self._limit, self._clients.client() as http:
+            return await self._attempts(http, method, route, url, model, body, headers, key)
 
     async def _attempts(self, http: httpx.AsyncClient, method: str, route: str, url: str, model: type[M], body: Any,
                         headers: dict[str, str], key: str | None) -> M:
@@ -174,9 +157,7 @@ class ContainerClient:
         return response
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(client.aclose() for client in self._clients))
-        self._clients.clear()
-        self._idle.clear()
+        await self._clients.aclose()
 
 
 class _AnyBody(BaseModel):

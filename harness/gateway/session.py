@@ -14,6 +14,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from harness.contract import PolicyBlock
+from harness.http_pool import ClientPerCall
 from harness.errors import FailureKind, ServiceError
 from harness.gateway.models import Announcement, CallRecord, RunRegistration, RunSpend, UsageTotals
 
@@ -34,7 +35,7 @@ class GatewaySession:
         self.registration = RunRegistration(upstreams={"policy": policy_upstream, "proposer": proposer_upstream},
                                             budget_usd=budget_usd)
         self.spend = RunSpend(run_id=run_id)
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._clients = ClientPerCall(timeout_s)  # iterations in flight announce at once
         self._proposer_calls = 0
         self._unassigned: list[str] = []  # proposer scopes not yet tied to a proposal
         self._proposal_of: dict[str, str] = {}
@@ -44,7 +45,8 @@ class GatewaySession:
 
     async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
         try:
-            response = await self._http.request(method, f"{self.gateway_url}{path}", content=body)
+            async with self._clients.client() as http:
+                response = await http.request(method, f"{self.gateway_url}{path}", content=body)
         except httpx.HTTPError as exc:
             raise ServiceError(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
         if response.status_code != 200:
@@ -150,7 +152,7 @@ class GatewaySession:
             await self._request("DELETE", f"/runs/{self.run_id}")
         except ServiceError:
             pass  # the gateway may be gone already; it forgets runs when it stops
-        await self._http.aclose()
+        await self._clients.aclose()
 
 
 def role_url(url: str, role: str) -> str:
