@@ -153,3 +153,22 @@ def scripted_policy() -> Iterator[Any]:
 
     with ScriptedModelThread("rules") as server:
         yield server
+
+
+LOCAL_TEST_MODEL = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="module")
+def local_model_ready() -> None:
+    """Skip unless llama-server is built and the small local model can be assembled (cached)."""
+    from harness.errors import ConfigError
+    from harness.local_model import ensure_gguf, find_llama_server
+
+    try:
+        find_llama_server()
+    except ConfigError as exc:
+        pytest.skip(f"llama-server unavailable: {exc}")
+    try:
+        ensure_gguf(LOCAL_TEST_MODEL)
+    except ConfigError as exc:
+        pytest.skip(f"local model {LOCAL_TEST_MODEL} unavailable: {exc}")

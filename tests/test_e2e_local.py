@@ -12,25 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_cli
-from harness.errors import ConfigError
 from harness.evidence.schema import SCHEMA_METADATA_KEY, SCHEMA_VERSION, TABLES
 
 MODEL = "qwen2.5-coder-0.5b"
 BUDGET = 12
-
-
-@pytest.fixture(scope="module")
-def local_model_ready() -> None:
-    from harness.local_model import ensure_gguf, find_llama_server
-
-    try:
-        find_llama_server()
-    except ConfigError as exc:
-        pytest.skip(f"llama-server unavailable: {exc}")
-    try:
-        ensure_gguf(MODEL)  # assembles the GGUF from the installed parts once (cached)
-    except ConfigError as exc:
-        pytest.skip(f"local model {MODEL} unavailable: {exc}")
 
 
 @pytest.mark.slow

@@ -9,23 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import ConfigError
 
 MODEL = "qwen2.5-coder-0.5b"
-
-
-@pytest.fixture(scope="module")
-def local_model_ready() -> None:
-    from harness.local_model import ensure_gguf, find_llama_server
-
-    try:
-        find_llama_server()
-    except ConfigError as exc:
-        pytest.skip(f"llama-server unavailable: {exc}")
-    try:
-        ensure_gguf(MODEL)
-    except ConfigError as exc:
-        pytest.skip(f"local model {MODEL} unavailable: {exc}")
 
 
 @pytest.mark.slow
