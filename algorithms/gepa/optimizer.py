@@ -153,7 +153,7 @@ class GepaOptimizer:
         formats = self.params.edit_formats
         task_info = ctx.task_info if self.params.use_task_info else None
         tokens = [0, 0]
-        cost, latency, status, error = 0.0, 0.0, "empty", None
+        latency, status, error = 0.0, "empty", None
         edit_format = formats[iteration % len(formats)]
         attempts = 0
         proposal = None

@@ -36,6 +36,7 @@ import polars as pl
 
 from benchmarks.perf.common import default_data_dir, median, write_results
 from harness.client import ContainerClient
+from harness.context import OPTIMIZATION_STAGES
 from harness.contract import PolicyBlock, RolloutRequest
 from harness.gateway.models import GatewaySettings, LimitSettings
 from harness.run import execute_run
@@ -43,7 +44,6 @@ from harness.services import Endpoints, Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
 NAME = "overhead"
-OPTIMIZATION_STAGES = ("seed", "pareto", "minibatch", "reflection", "library")
 # the default gateway, with room for every call in flight (its default cap is 64 per upstream)
 GATEWAY = GatewaySettings(limits=LimitSettings(max_concurrency=256))
 
@@ -122,7 +122,7 @@ def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
     if outcome.status != "done":
         raise RuntimeError(f"{spec.algorithm.name} run failed: {outcome.error}")
     rows = pl.read_parquet(Path(outcome.evidence_dir) / "rollouts.parquet")
-    optimizing = rows.filter(pl.col("stage").is_in(OPTIMIZATION_STAGES))
+    optimizing = rows.filter(pl.col("stage").is_in(list(OPTIMIZATION_STAGES)))
     if optimizing.filter(pl.col("status") != "ok").height:
         raise RuntimeError(f"{spec.algorithm.name}: failed rollouts in a benchmark run")
     window = optimizing["elapsed_s"].max() - (optimizing["elapsed_s"] - optimizing["latency_s"]).min()
