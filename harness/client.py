@@ -35,6 +35,9 @@ from harness.http_pool import ClientPerCall
 from harness.llm import RetryPolicy, _retry_after_seconds
 
 M = TypeVar("M", bound=BaseModel)
+# Transport errors that mean the process behind the url is gone: nothing accepts the
+# connection, or it closed one without answering (it exited mid-request).
+_PROCESS_GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
 
 # A gate is entered around each rollout: shared limits across runs (see harness.sweep.limits).
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
@@ -83,16 +86,20 @@ class ContainerClient:
 
     async def _attempts(self, http: httpx.AsyncClient, method: str, route: str, url: str, model: type[M], body: Any,
                         headers: dict[str, str], key: str | None) -> M:
-        last_error, kind, refused = "no attempt made", FailureKind.TRANSIENT, False
+        last_error, kind = "no attempt made", FailureKind.TRANSIENT
+        # The process was seen gone (connection refused or dropped) during this call, and the
+        # last attempt also got no HTTP answer: the caller may restart it. A timeout on the
+        # last attempt counts too: it may have reached a process that was still starting.
+        seen_down = no_answer = False
         for attempt in range(self.retry.attempts):
             wait: float | None = None
             try:
                 response = await http.request(method, url, json=body, headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last_error, kind = f"{type(exc).__name__}", FailureKind.TRANSIENT
-                refused = isinstance(exc, httpx.ConnectError)
+                last_error, kind, no_answer = f"{type(exc).__name__}", FailureKind.TRANSIENT, True
+                seen_down = seen_down or isinstance(exc, _PROCESS_GONE)
             else:
-                refused = False
+                no_answer = False
                 if response.status_code == 200:
                     return self._parse(route, response, model)
                 kind = classify_status(response.status_code)
@@ -103,7 +110,7 @@ class ContainerClient:
             if attempt + 1 < self.retry.attempts:
                 await asyncio.sleep(self.retry.delay(attempt, wait))
         message = f"{method} {route} failed ({kind.value}): {last_error}"
-        if refused:  # nothing listens at the url any more (e.g. the container process died)
+        if seen_down and no_answer:
             raise Unreachable(message)
         raise ServiceError(message, kind)
 

@@ -32,8 +32,9 @@ class ServiceError(HarnessError):
 
 
 class Unreachable(ServiceError):
-    """The endpoint refused the connection on the last attempt: nothing listens there (a
-    container process that died, a model server that is down)."""
+    """The endpoint was seen gone during a call (a refused or dropped connection) and the
+    call ended without an HTTP answer: a container process that died, or that was being
+    restarted when the last attempt reached it."""
 
     def __init__(self, message: str):
         super().__init__(message, FailureKind.TRANSIENT)

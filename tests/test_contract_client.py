@@ -5,6 +5,7 @@ contract server (a FastAPI app on loopback) for malformed answers, retries and h
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections import Counter
@@ -27,7 +28,7 @@ from harness.contract import (
     PolicyBlock,
     RolloutRequest,
 )
-from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError
+from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError, Unreachable
 from harness.llm import RetryPolicy
 from harness.services import Services
 
@@ -361,3 +362,53 @@ def test_a_hang_then_an_answer_recovers(fake: tuple[FakeContainer, str]) -> None
     server.plans["/health"] = [hang(3.0), ok(HEALTH)]
     assert call(url, lambda c: c.health(), timeout_s=0.3).status == "ok"
     assert server.hits["/health"] == 2
+
+
+class RawServer:
+    """A loopback TCP server that treats each connection by the next entry of its plan:
+    `drop` closes it after reading the request (a process that exits mid-request), `hang`
+    never answers, `500` answers HTTP 500. Lets a test order what no HTTP framework fakes."""
+
+    def __init__(self, plan: list[str]) -> None:
+        self.plan = list(plan)
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.ready.wait(5)
+
+    def _serve(self) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            action = self.plan.pop(0) if self.plan else "500"
+            if action == "hang":
+                await asyncio.sleep(30)
+            elif action == "500":
+                writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom")
+                await writer.drain()
+            writer.close()
+
+        async def main() -> None:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            self.ready.set()
+            async with server:
+                await server.serve_forever()
+
+        self.loop.run_until_complete(main())
+
+
+@pytest.mark.parametrize(("plan", "unreachable"), [
+    (["drop", "hang"], True),    # gone mid-request, then a process that does not answer yet
+    (["drop", "drop"], True),
+    (["hang", "hang"], False),   # alive but slow: a plain transient failure
+    (["drop", "500"], False),    # answering again, with an error
+])
+def test_a_process_seen_gone_is_reported_unreachable(plan: list[str], unreachable: bool) -> None:
+    server = RawServer(plan)
+    with pytest.raises(ServiceError) as caught:
+        call(f"http://127.0.0.1:{server.port}", lambda c: c.health(), timeout_s=0.3,
+             retry=RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.01))
+    assert isinstance(caught.value, Unreachable) is unreachable, str(caught.value)
+    assert caught.value.kind is FailureKind.TRANSIENT
