@@ -112,6 +112,17 @@ class PolicyBlock(_Open):
         return (self.inference_url or self.base_url or "").rstrip("/")
 
 
+def role_url(url: str, role: str) -> str:
+    """The same rollout's gateway URL for another role (`grader`, `user_simulator`), so a
+    container's grader or simulator calls on the rollout's endpoint are attributed as such.
+    A URL that is not an attributed gateway URL (`.../r/<run>/<scope>/policy/v1`), such as
+    a provider's own base URL, comes back unchanged."""
+    head, sep, tail = url.rstrip("/").rpartition("/policy/")
+    if not sep or tail != "v1" or "/r/" not in head:
+        return url
+    return f"{head}/{role}/v1"
+
+
 class RolloutRequest(_Open):
     rollout_id: str
     task_id: str

@@ -36,7 +36,7 @@ def data_dir() -> Path:
 # and `ServerThread` for any small FastAPI fake a test builds.
 
 REPO = Path(__file__).resolve().parents[1]
-CONTAINER_MODULES = {"banking77": "stage2_system", "heart_disease": "system"}
+CONTAINER_MODULES = {"banking77": "stage2_system", "heart_disease": "system", "healthbench": "stage1_system"}
 
 
 class ServerThread:

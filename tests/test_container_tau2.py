@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
-from benchmarks.containers.kit import build_app
+from benchmarks.containers.kit import RolloutEnv, build_app
 from benchmarks.containers.tau2_retail import Tau2Retail
 from benchmarks.containers.tau2_retail.chat import ChatTurn, _parse_calls
 from benchmarks.containers.tau2_retail.data import RetailData, db_hash
@@ -360,3 +360,18 @@ def test_process_scores_every_reference_and_isolates_state(data_dir: Path, tmp_p
     # The wrong and chatty rollouts on task 0 ran alongside two gold ones and did not leak into them.
     assert sorted(r.resolved_reward() for k, r in results.items() if "-0-" in k) == [0.0, 0.0, 1.0, 1.0]
     assert len({r.trace["agent_db_hash"] for k, r in results.items() if "-0-" in k}) == 3
+
+
+def test_simulator_on_the_rollouts_gateway_url_is_attributed_to_its_role(container: Tau2Retail) -> None:
+    """Without a configured simulator the user is played on the rollout's own endpoint:
+    behind the harness's gateway that URL is re-addressed to the `user_simulator` role."""
+    attributed = "http://127.0.0.1:5/r/run1/run1-c0000-test:0/policy/v1"
+    req = RolloutRequest(rollout_id="r1", task_id="test:0", candidate={"domain_policy": "p"}, task={},
+                         policy={"provider": "local", "model": "m", "inference_url": attributed})
+    env = RolloutEnv(http=None)  # the clients are only built here, never used
+    user, _ = container.user_client(req, env)
+    assert user.base_url == "http://127.0.0.1:5/r/run1/run1-c0000-test:0/user_simulator/v1"
+    assert container.policy_client(req, env).base_url == attributed
+    direct = req.model_copy(update={"policy": req.policy.model_copy(update={"inference_url": None,
+                                                                            "base_url": "https://api.example.com/v1"})})
+    assert container.user_client(direct, env)[0].base_url == "https://api.example.com/v1"

@@ -19,7 +19,7 @@ from harness.gateway.limiter import retry_after_s
 from harness.gateway.models import GatewaySettings, LimitSettings, RunSpend, Upstream
 from harness.gateway.server import GatewayThread
 from harness.gateway.service import upstream_name
-from harness.gateway.session import role_url
+from harness.contract import role_url
 from harness.gateway.store import ResponseStore, request_digest, sample_digest
 from harness.specs import ModelSpec
 

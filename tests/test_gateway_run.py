@@ -169,3 +169,24 @@ def test_live_usage_on_the_progress_line(tmp_path, data_dir) -> None:
     assert "policy $0.0000" in result.stdout and "proposer $0.0000" in result.stdout
     (run_dir,) = [p.parent for p in tmp_path.rglob("manifest.json")]
     assert read_evidence(run_dir)["manifest"]["gateway"]["by_role"]["policy"]["calls"] > 0
+
+
+def test_grader_calls_on_the_policy_endpoint_are_attributed_to_the_grader(tmp_path, data_dir) -> None:
+    """HealthBench without a configured grader grades with the rollout's own endpoint and
+    model; through the gateway those calls carry the grader role, not the policy's."""
+    container = container_spec("healthbench", data_dir, request_timeout_s=120)
+    spec = make_run_spec(container, tmp_path, train=["train:0"], pareto=["train:1", "train:2"], heldout=["test:0"],
+                         max_rollouts=4, algorithm="seed_only")
+    with ScriptedModelThread("rules") as model, GatewayThread(
+            GatewaySettings(), [Upstream(name="scripted-rules", base_url=model.base_url, provider="scripted")]) as gw, \
+            Services(tmp_path / "logs") as services:
+        outcome = gateway_run(spec, services.container_url(container), gw, "scripted-rules")
+    assert outcome.status == "done", outcome.error
+    ev, calls = read_evidence(outcome.evidence_dir), model_calls(outcome)
+    rollout_ids = sorted(ev["rollouts"]["rollout_id"].to_list())
+    policy, grader = calls.filter(pl.col("role") == "policy"), calls.filter(pl.col("role") == "grader")
+    assert set(calls["role"]) == {"policy", "grader"}
+    assert sorted(policy["rollout_id"].to_list()) == rollout_ids  # one answer per rollout
+    assert sorted(set(grader["rollout_id"])) == rollout_ids  # every rollout graded, under its own id
+    assert grader.height >= len(rollout_ids) and grader["prompt_check"].null_count() == grader.height
+    assert ev["manifest"]["gateway"]["by_role"]["grader"]["calls"] == grader.height

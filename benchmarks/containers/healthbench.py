@@ -48,6 +48,7 @@ from harness.contract import (
     RolloutResponse,
     SideInfo,
     Usage,
+    role_url,
 )
 from harness.errors import HarnessError
 from harness.llm import ChatClient, ChatMessage
@@ -197,12 +198,12 @@ class HealthBench(TaskContainer):
     def grader_client(self, req: RolloutRequest, env: RolloutEnv) -> tuple[ChatClient, str]:
         """(client, provider for pricing): the configured grader, else the rollout's policy."""
         if self.grader.base_url or self.grader.model:
-            base = policy_endpoint(self.grader.base_url or req.policy.endpoint)
+            base = role_url(policy_endpoint(self.grader.base_url or req.policy.endpoint), "grader")
             model = self.grader.model or req.policy.model
             key_env = self.grader.key_env if self.grader.base_url else (self.grader.key_env or env.policy_key_env)
             provider = self.grader.provider if self.grader.base_url else req.policy.provider
             return ChatClient(base, model, api_key_env=key_env, client=env.http), provider
-        return env.policy_client(req), req.policy.provider
+        return env.policy_client(req, role="grader"), req.policy.provider
 
     async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse:
         messages = self.render(req.candidate, row)

@@ -36,6 +36,7 @@ from harness.contract import (
     SideInfo,
     TasksRequest,
     Usage,
+    role_url,
 )
 from harness.errors import HarnessError, ServiceError
 from harness.llm import ChatClient, ChatMessage
@@ -55,8 +56,10 @@ class RolloutEnv:
     http: httpx.AsyncClient
     policy_key_env: str | None = None
 
-    def policy_client(self, req: RolloutRequest) -> ChatClient:
-        return ChatClient(policy_endpoint(req.policy.endpoint), req.policy.model,
+    def policy_client(self, req: RolloutRequest, role: str = "policy") -> ChatClient:
+        """A client for the rollout's policy endpoint and model. Another `role` (`grader`,
+        `user_simulator`) reuses them for a call the harness's gateway attributes to it."""
+        return ChatClient(role_url(policy_endpoint(req.policy.endpoint), role), req.policy.model,
                           api_key_env=self.policy_key_env, client=self.http)
 
 

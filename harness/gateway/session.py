@@ -155,16 +155,6 @@ class GatewaySession:
         await self._clients.aclose()
 
 
-def role_url(url: str, role: str) -> str:
-    """The same rollout's gateway URL for another role (`grader`, `user_simulator`), so a
-    container's grader or simulator calls are attributed as such. A URL that is not an
-    attributed gateway URL (`.../r/<run>/<scope>/policy/v1`) comes back unchanged."""
-    head, sep, tail = url.rstrip("/").rpartition("/policy/")
-    if not sep or tail != "v1" or "/r/" not in head:
-        return url
-    return f"{head}/{role}/v1"
-
-
 def _call_order(call_id: str) -> tuple[str, int]:
     scope, _, index = call_id.rpartition("#")
     return scope, int(index) if index.isdigit() else 0

@@ -36,6 +36,7 @@ from harness.contract import (
     RolloutResponse,
     SideInfo,
     Usage,
+    role_url,
 )
 from harness.errors import HarnessError
 from harness.llm import ChatMessage
@@ -127,15 +128,15 @@ class Tau2Retail(TaskContainer):
 
     def user_client(self, req: RolloutRequest, env: RolloutEnv) -> tuple[ToolChatClient, str]:
         if self.user_sim.base_url or self.user_sim.model:
-            base = policy_endpoint(self.user_sim.base_url or req.policy.endpoint)
+            base = role_url(policy_endpoint(self.user_sim.base_url or req.policy.endpoint), "user_simulator")
             key_env = self.user_sim.key_env if self.user_sim.base_url else (self.user_sim.key_env or env.policy_key_env)
             provider = self.user_sim.provider if self.user_sim.base_url else req.policy.provider
             return ToolChatClient(base, self.user_sim.model or req.policy.model, api_key_env=key_env, client=env.http), provider
-        return self.policy_client(req, env), req.policy.provider
+        return self.policy_client(req, env, role="user_simulator"), req.policy.provider
 
     @staticmethod
-    def policy_client(req: RolloutRequest, env: RolloutEnv) -> ToolChatClient:
-        return ToolChatClient(policy_endpoint(req.policy.endpoint), req.policy.model,
+    def policy_client(req: RolloutRequest, env: RolloutEnv, role: str = "policy") -> ToolChatClient:
+        return ToolChatClient(role_url(policy_endpoint(req.policy.endpoint), role), req.policy.model,
                               api_key_env=env.policy_key_env, client=env.http)
 
     async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse:
