@@ -100,5 +100,15 @@ def main(cfg: DictConfig) -> None:
     sys.exit(code)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    from harness.compose_check import composition_error
+
+    problem = composition_error(sys.argv[1:], CONFIG_DIR)
+    if problem is not None:
+        Console().print(f"error: {problem}", style="red", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    entry()
