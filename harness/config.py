@@ -55,6 +55,8 @@ class HarnessConfig(BaseModel):
     ray: RayConfig = RayConfig()
     gateway: GatewaySettings = GatewaySettings()
     sweep: dict[str, Any] | None = None
+    # the models profile's axis defaults per shipped sweep, read by the sweep files
+    sweep_axes: dict[str, dict[str, list[str]]] = {}
 
 
 def _first_error(exc: ValidationError) -> str:

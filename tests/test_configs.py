@@ -81,8 +81,7 @@ def test_every_container_with_every_model_profile(hydra_configs, container, prof
 
 
 SWEEP_VARIANTS = [[f"+sweep={name}"] for name in SWEEPS] + [[f"+sweep={name}", "models=scripted"] for name in SWEEPS] + [
-    # documented in configs/sweep/proposer_scaling.yaml
-    ["+sweep=proposer_scaling", "models=hosted", "sweep.proposers=[gpt_5_4_nano,gpt_5_4_mini,gpt_5_4]"],
+    [f"+sweep={name}", "models=hosted"] for name in SWEEPS
 ]
 
 
@@ -149,3 +148,22 @@ def test_numbers_in_a_container_command_override_become_arguments(hydra_configs)
     assert spec.container.command == ["python", "-m", "benchmarks.containers.tau2_retail", "--max-steps", "30"]
     quoted = ["container=tau2_retail", "container.command=[python,-m,benchmarks.containers.tau2_retail,--max-steps,'30']"]
     assert validate(compose_raw(quoted))[1].run_id == spec.run_id  # the same command, the same run
+
+
+@pytest.mark.parametrize("profile, containers, proposers", [
+    ("local", ["banking77", "heart_disease"], ["local_0_5b", "local_1_5b"]),
+    ("scripted", ["banking77", "heart_disease"], ["scripted"]),
+    ("hosted", ["healthbench", "tau2_retail"], ["gpt_5_4_nano", "gpt_5_4_mini", "gpt_5_4"]),
+])
+def test_the_models_profile_sets_the_sweeps_axes(hydra_configs, profile, containers, proposers):
+    scaling = parse_sweep(load_config(compose_raw(["+sweep=proposer_scaling", f"models={profile}"]),
+                                      base_dir=str(REPO)).sweep)
+    assert (scaling.containers, scaling.proposers) == (containers, proposers)
+    same = parse_sweep(load_config(compose_raw(["+sweep=same_container", f"models={profile}"]),
+                                   base_dir=str(REPO)).sweep)
+    assert same.containers == (["banking77", "heart_disease", "hotpotqa", "healthbench", "tau2_retail"]
+                               if profile == "hosted" else ["banking77", "heart_disease"])
+    # an explicit axis still wins over the profile's
+    mine = parse_sweep(load_config(compose_raw(["+sweep=proposer_scaling", f"models={profile}",
+                                                "sweep.containers=[hotpotqa]"]), base_dir=str(REPO)).sweep)
+    assert mine.containers == ["hotpotqa"]
