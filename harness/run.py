@@ -73,17 +73,18 @@ def _pareto_score(ctx: RunContext, candidate: Candidate) -> float | None:
 
 
 def heldout_candidates(ctx: RunContext, best_id: str) -> list[Candidate]:
-    """Which candidates to judge on heldout: seed and best, every candidate on the
-    frontier pool, or the top-K by pareto score."""
+    """Which candidates to judge on heldout: seed and best; every candidate the algorithm
+    produced (also those rejected on their minibatch); or the top-K by pareto score."""
     choice = ctx.spec.heldout_candidates
     seed = ctx.seed_candidate
     if choice == "best":
         picked = [seed] + ([ctx.candidate(best_id)] if best_id != seed.candidate_id else [])
         return picked
+    if choice == "all":
+        return sorted(ctx.candidates, key=lambda c: c.index)
     scored = [(c, _pareto_score(ctx, c)) for c in ctx.candidates]
     ranked = [c for c, score in sorted((p for p in scored if p[1] is not None), key=lambda p: (-p[1], p[0].index))]
-    if choice != "all":
-        ranked = ranked[:choice]
+    ranked = ranked[:choice]
     ids = {c.candidate_id for c in ranked}
     return sorted(ranked + ([seed] if seed.candidate_id not in ids else []) + (
         [ctx.candidate(best_id)] if best_id not in ids and best_id != seed.candidate_id else []), key=lambda c: c.index)

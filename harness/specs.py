@@ -67,7 +67,11 @@ class ContainerSpec(Spec):
         return self
 
     def identity(self) -> dict[str, Any]:
-        return {"name": self.name}
+        # a container's options can change results (a grader model, a step limit); how it
+        # is started (which python, which module path) or attached to cannot
+        command = self.command or []
+        first_option = next((i for i, part in enumerate(command) if part.startswith("--")), len(command))
+        return {"name": self.name, "options": command[first_option:]}
 
 
 class BudgetSpec(Spec):

@@ -116,16 +116,21 @@ def test_banking_normalize(raw: str, expected: str) -> None:
 
 def test_banking_score_and_feedback(banking: Banking77) -> None:
     row = {"text": "where is my card", "label": "card_arrival"}
-    assert banking.score(row, "Card arrival.") == (1.0, "Correct: `card_arrival`.")
+    assert banking.score(row, "  card_arrival\n") == (1.0, "Correct: `card_arrival`.")
+    # exact after trimming: another spelling of the right label scores 0, and says so
+    for near_miss in ("Card arrival.", "`card_arrival`", "Intent: card_arrival", "card_arrival\nbecause"):
+        reward, feedback = banking.score(row, near_miss)
+        assert reward == 0.0 and feedback.startswith("Wrong format: the intent `card_arrival` is right"), near_miss
     reward, feedback = banking.score(row, "card_linking")
     assert reward == 0.0
     assert "expected intent `card_arrival`" in feedback and "`card_linking`" in feedback
     assert "not one of the 77" not in feedback
     assert "not one of the 77" in banking.score(row, "my card is late")[1]
     assert "empty" in banking.score(row, "   ")[1]
-    # Upstream spells two labels oddly; a plain answer still counts.
-    assert banking.score({"text": "x", "label": "reverted_card_payment?"}, "reverted_card_payment")[0] == 1.0
-    assert banking.score({"text": "x", "label": "Refund_not_showing_up"}, "refund_not_showing_up")[0] == 1.0
+    # Upstream spells two labels oddly; the exact spelling is the answer.
+    assert banking.score({"text": "x", "label": "reverted_card_payment?"}, "reverted_card_payment?")[0] == 1.0
+    assert banking.score({"text": "x", "label": "reverted_card_payment?"}, "reverted_card_payment")[0] == 0.0
+    assert banking.score({"text": "x", "label": "Refund_not_showing_up"}, "Refund_not_showing_up")[0] == 1.0
 
 
 def test_banking_render_puts_labels_before_query(banking: Banking77) -> None:

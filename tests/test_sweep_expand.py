@@ -212,8 +212,11 @@ def test_transport_and_placement_do_not_change_the_id(update):
         {"pools": Pools(train=("train:0",), pareto=("train:2",), heldout=("test:0",))},
         {"heldout_candidates": "all"},
         {"container": ContainerSpec(name="heart_disease", command=["x"])},
+        {"container": ContainerSpec(name="banking77", command=["python", "-m", "benchmarks.containers.banking77",
+                                                               "--grader-model", "judge"])},
     ],
-    ids=["budget", "wall-budget", "seed", "temperature", "proposer", "params", "algorithm", "pools", "heldout", "container"],
+    ids=["budget", "wall-budget", "seed", "temperature", "proposer", "params", "algorithm", "pools", "heldout", "container",
+         "container-options"],
 )
 def test_result_changing_fields_change_the_id(update):
     assert base_spec(**update).run_id != base_spec().run_id

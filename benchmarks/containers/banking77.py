@@ -36,8 +36,9 @@ _STRIP = " \t\"'`*"
 
 
 def normalize_label(text: str) -> str:
-    """Canonical form of a model answer (or a label): first non-empty line, no quotes or
-    backticks, no trailing period, no `label:`/`intent:` prefix, lowercase, snake_case."""
+    """Loose form of a model answer (or a label), to recognise a near miss in feedback:
+    first non-empty line, no quotes or backticks, no trailing period, no `label:`/`intent:`
+    prefix, lowercase, snake_case. Scoring itself is exact."""
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     value = line.strip(_STRIP).lower()
     for prefix in ("label:", "intent:"):
@@ -108,13 +109,20 @@ class Banking77(TaskContainer):
         return [ChatMessage(role="system", content=candidate["stage2_system"]), ChatMessage(role="user", content=user)]
 
     def score(self, row: Row, output_text: str) -> tuple[float, str]:
+        """1 for exactly the label after trimming whitespace, else 0. The feedback tells a
+        near miss (the right label in another spelling) apart from a wrong label."""
         expected = row["label"]
-        given = normalize_label(output_text)
-        if _canon(given) == _canon(expected):
+        answer = output_text.strip()
+        if answer == expected.strip():
             return 1.0, f"Correct: `{expected}`."
-        if not given:
+        if not answer:
             return 0.0, f"Wrong: expected intent `{expected}`, the answer was empty."
-        feedback = f"Wrong: expected intent `{expected}`, the answer was `{given}`."
+        shown = answer if len(answer) <= 80 else answer[:77] + "..."
+        given = normalize_label(answer)
+        if _canon(given) == _canon(expected):
+            return 0.0, (f"Wrong format: the intent `{expected}` is right but the answer was `{shown}`; "
+                         "reply with the label exactly as listed and nothing else.")
+        feedback = f"Wrong: expected intent `{expected}`, the answer was `{shown}`."
         self.labels()
         if _canon(given) not in self._canon_labels:
             feedback += f" `{given}` is not one of the 77 intent labels; answer with a label from the list exactly."

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -89,8 +90,13 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         _print_table(console, rows, store.dir)
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(address=_ray_address(base.ray.address), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", ignore_reinit_error=True)
+    # ray.init installs its own SIGTERM handler (exit with a stack dump); keep the entry
+    # point's, which takes the Ctrl-C path and says so
+    if on_sigterm is not None:
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         cpus = ray.cluster_resources().get("CPU", 0)
         if base.ray.cpus_per_run > cpus:
