@@ -53,6 +53,10 @@ def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{part} ({part / whole:.0%})"
+
+
 def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> None:
     console.rule(f"run {outcome.run_id}: {outcome.status}")
     if outcome.error:
@@ -64,6 +68,10 @@ def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> N
     console.print(f"rollouts: {outcome.rollouts} optimization + {outcome.heldout_rollouts} heldout; "
                   f"tokens: {outcome.tokens}; cost: {cost}; wall: {outcome.wall_s:.1f}s; stop: {outcome.stop_reason}",
                   highlight=False)
+    if outcome.proposals:
+        console.print(f"proposals: {outcome.proposals}, {_share(outcome.proposals_changed, outcome.proposals)} differ "
+                      f"from their parent, {_share(outcome.proposals_accepted, outcome.proposals)} accepted",
+                      highlight=False)
     console.print(f"evidence: {outcome.evidence_dir}", highlight=False)
     if outcome.seed_texts is not None and outcome.best_texts is not None:
         console.print(prompt_diff(outcome.seed_texts, outcome.best_texts), highlight=False, markup=False)

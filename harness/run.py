@@ -53,6 +53,9 @@ class RunOutcome(BaseModel):
     tokens: int = 0
     cost_usd: float | None = 0.0
     wall_s: float = 0.0
+    proposals: int = 0
+    proposals_changed: int = 0  # the proposed text differs from the parent's
+    proposals_accepted: int = 0
 
 
 def package_versions() -> dict[str, str]:
@@ -171,6 +174,9 @@ async def execute_run(
         seed_texts=ctx.seed_candidate.texts, best_texts=ctx.candidate(best_id).texts,
         rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts, tokens=ctx.usage.tokens,
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
+        proposals=len(ctx.evidence.proposals),
+        proposals_changed=sum(bool(p["changed"]) for p in ctx.evidence.proposals),
+        proposals_accepted=sum(bool(p["accepted"]) for p in ctx.evidence.proposals),
     )
 
 
@@ -247,6 +253,8 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
             "rollouts": usage.rollouts, "heldout_rollouts": usage.heldout_rollouts,
             "failed_rollouts": usage.failed_rollouts, "candidates": len(evidence.candidates),
             "proposals": len(evidence.proposals), "proposer_calls": usage.proposer_calls,
+            "proposals_changed": sum(bool(p["changed"]) for p in evidence.proposals),
+            "proposals_accepted": sum(bool(p["accepted"]) for p in evidence.proposals),
             "policy_prompt_tokens": usage.policy_prompt_tokens,
             "policy_completion_tokens": usage.policy_completion_tokens,
             "proposer_prompt_tokens": usage.proposer_prompt_tokens,

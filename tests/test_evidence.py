@@ -100,6 +100,9 @@ def test_schema_version_in_manifest_and_every_table(tmp_path, data_dir, banking7
     totals = manifest["totals"]
     assert len(evidence["rollouts"]) == totals["rollouts"] + totals["heldout_rollouts"]
     assert len(evidence["candidates"]) == totals["candidates"] and len(evidence["proposals"]) == totals["proposals"]
+    proposals = evidence["proposals"]
+    assert totals["proposals_changed"] == sum(proposals["changed"]) and totals["proposals_accepted"] == sum(
+        proposals["accepted"])
 
 
 # ---------------------------------------------------------------- secrets
