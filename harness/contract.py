@@ -6,6 +6,7 @@ others; the fields the harness relies on are validated and named in errors.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,10 +15,28 @@ CONTRACT_VERSION = "gepa_task.v1"
 GEPA_OPTIMIZER_CONTRACT = "synth_optimizers.gepa.v2"
 PROGRAM_VERSION = "prompt_program.v1"
 
-# Field names that would carry a credential; a rollout request carrying one is refused.
-SECRET_FIELD_NAMES = frozenset(
-    {"api_key", "apikey", "key", "token", "access_token", "authorization", "secret", "bearer"}
-)
+# A rollout request whose policy block carries a credential is refused (422). A field
+# name, at any depth, is a credential when one of its words (split at _ - . and spaces)
+# is one of these: `openai_api_key`, `x-api-key`, `headers.Authorization`, `apiKey`, but
+# not `max_tokens` or `top_k`.
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "authorization", "bearer",
+                          "credential", "credentials", "cookie"})
+
+
+def credential_fields(value: Any, path: str = "") -> list[str]:
+    """Dotted names of every field in `value` (nested mappings and lists too) that names a credential."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            where = f"{path}.{name}" if path else str(name)
+            words = set(re.split(r"[_\-\s.]+", str(name).lower()))
+            if words & SECRET_WORDS or str(name).lower().replace("-", "_").endswith("api_key"):
+                found.append(where)
+            found.extend(credential_fields(inner, where))
+    elif isinstance(value, list):
+        for inner in value:
+            found.extend(credential_fields(inner, path))
+    return found
 
 
 class _Open(BaseModel):
@@ -99,8 +118,7 @@ class PolicyBlock(_Open):
 
     @model_validator(mode="after")
     def _no_credentials(self) -> "PolicyBlock":
-        extras = set((self.model_extra or {}).keys())
-        leaked = {name for name in extras if name.lower() in SECRET_FIELD_NAMES}
+        leaked = credential_fields(self.model_extra or {})
         if leaked:
             raise ValueError(f"policy block must not carry credentials: {sorted(leaked)}")
         if not (self.base_url or self.inference_url):

@@ -5,6 +5,7 @@ contract server (a FastAPI app on loopback) for malformed answers, retries and h
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -158,13 +159,19 @@ def test_client_names_an_unset_key_variable(keyed_banking77: tuple[str, str]) ->
         call(url, lambda c: c.metadata(), api_key_env="HARNESS_TEST_UNSET_KEY")
 
 
-def test_a_key_inside_the_policy_block_is_refused(keyed_banking77: tuple[str, str], scripted_policy: Any) -> None:
+@pytest.mark.parametrize("field", [
+    {"api_key": "{secret}"}, {"openai_api_key": "{secret}"}, {"x-api-key": "{secret}"}, {"apiKey": "{secret}"},
+    {"password": "{secret}"}, {"headers": {"Authorization": "Bearer {secret}"}},
+    {"extra_body": [{"access_token": "{secret}"}]},
+], ids=lambda f: "-".join(f))
+def test_a_key_inside_the_policy_block_is_refused(keyed_banking77: tuple[str, str], scripted_policy: Any,
+                                                  field: dict[str, Any]) -> None:
     url, key = keyed_banking77
     secret = f"sk-leak-{uuid.uuid4().hex}"
+    leak = json.loads(json.dumps(field).replace("{secret}", secret))
     body = {
         "rollout_id": "r-leak", "task_id": "train:0", "candidate": {"stage2_system": "Answer."}, "task": {},
-        "policy": {"provider": "openai_compatible", "model": "m", "base_url": scripted_policy.base_url,
-                   "api_key": secret},
+        "policy": {"provider": "openai_compatible", "model": "m", "base_url": scripted_policy.base_url, **leak},
     }
     refused = httpx.post(f"{url}/rollout", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert refused.status_code == 422
@@ -173,7 +180,13 @@ def test_a_key_inside_the_policy_block_is_refused(keyed_banking77: tuple[str, st
     assert httpx.post(f"{url}/rollout", json=body, timeout=10).status_code == 401
     # the harness cannot even build such a request
     with pytest.raises(ValidationError, match="credentials"):
-        PolicyBlock(provider="openai_compatible", model="m", base_url="http://x", api_key=secret)
+        PolicyBlock(provider="openai_compatible", model="m", base_url="http://x", **leak)
+
+
+def test_ordinary_extra_policy_fields_pass() -> None:
+    block = PolicyBlock(provider="openai_compatible", model="m", base_url="http://x", top_k=5, max_completion_tokens=9,
+                        keep_alive="5m", extra_body={"stop": ["\n"]})
+    assert block.model_extra["top_k"] == 5
 
 
 # ---------------------------------------------------------------- a misbehaving contract server
