@@ -174,7 +174,7 @@ class RunContext:
             "run_id": self.run_id, "candidate_id": candidate.candidate_id, "index": index,
             "parent_ids": list(parent_ids), "generation": generation, "origin": origin,
             "digest": digest_of(texts), "modules_json": json.dumps(texts, sort_keys=True, ensure_ascii=False),
-            "rollouts_at_creation": self.usage.rollouts, "cost_usd_at_creation": self.usage.cost_usd,
+            "rollouts_at_creation": self.usage.rollouts, "cost_usd_at_creation": None if self.usage.cost_unknown else self.usage.cost_usd,
             "elapsed_s_at_creation": self.elapsed(),
         })
         return candidate

@@ -23,6 +23,10 @@ HOSTED_PRICES: dict[str, Price] = {
     "gpt-5-nano": Price(input_per_mtok=0.05, output_per_mtok=0.40),
     "gpt-5-mini": Price(input_per_mtok=0.25, output_per_mtok=2.00),
     "gpt-5": Price(input_per_mtok=1.25, output_per_mtok=10.00),
+    # the GPT-5.4 family (March 2026), the published experiment's proposers
+    "gpt-5.4-nano": Price(input_per_mtok=0.20, output_per_mtok=1.25),
+    "gpt-5.4-mini": Price(input_per_mtok=0.75, output_per_mtok=4.50),
+    "gpt-5.4": Price(input_per_mtok=2.50, output_per_mtok=15.00),
 }
 
 FREE_PROVIDERS = frozenset({"local", "scripted"})

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.pricing import PRICE_TABLE_VERSION, cost_usd
+
 
 class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -155,6 +157,17 @@ class RunSpec(Spec):
         if isinstance(value, int) and value <= 0:
             raise ValueError("heldout_candidates as top-K must be positive")
         return value
+
+    @model_validator(mode="after")
+    def _priced_under_a_usd_budget(self) -> "RunSpec":
+        """A USD budget can only be kept when every model's spend can be counted."""
+        if self.budget.max_cost_usd is None:
+            return self
+        for role, model in (("policy", self.policy), ("proposer", self.proposer)):
+            if cost_usd(model.provider, model.model, 1, 1) is None:
+                raise ValueError(f"budget.max_cost_usd is set but the {role} model {model.model!r} has no price in "
+                                 f"harness/pricing.py (table {PRICE_TABLE_VERSION}): add it, or drop the USD budget")
+        return self
 
     def identity(self) -> dict[str, Any]:
         return {

@@ -39,6 +39,8 @@ def test_a_missing_option_is_one_line(tmp_path, data_dir, override, needles) -> 
 @pytest.mark.parametrize("overrides, needles", [
     (["budget.max_cost_usd=-1"], ["budget.max_cost_usd", "greater than 0"]),
     (["budget.max_cost_usd=0"], ["budget.max_cost_usd", "greater than 0"]),
+    (["models=hosted", "budget.max_cost_usd=1", "proposer.model=gpt-9"],
+     ["budget.max_cost_usd is set but the proposer model 'gpt-9' has no price in harness/pricing.py"]),
     (["budget.max_generations=0"], ["budget.max_generations", "greater than 0"]),
     (["budget.max_rollouts=-1000000"], ["budget.max_rollouts", "greater than 0"]),
     (["concurrency=0"], ["concurrency", "greater than 0"]),
