@@ -132,6 +132,17 @@ def test_throttling_honours_retry_after_and_lowers_the_cap(status) -> None:
     assert limit["cuts"] >= 1 and limit["limit"] < limit["max"]
 
 
+def test_a_retry_after_of_hours_fails_the_call_instead_of_pausing() -> None:
+    fake = FakeUpstream(throttle_first=5, retry_after="7200")
+    with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(), [upstream(up.url)]) as gw:
+        started = time.monotonic()
+        answer = post(f"{gw.url}/u/fake/v1", chat_body("hello"))
+        waited = time.monotonic() - started
+        limit = httpx.get(f"{gw.url}/limits").json()["fake/gpt-4.1-mini"]
+    assert answer.status_code == 429 and answer.headers["retry-after"] == "7200" and fake.requests == 1
+    assert waited < 5 and limit["paused_s"] == 0  # nobody else on that model is held for two hours
+
+
 def test_retry_after_as_http_date() -> None:
     now = time.time()
     assert retry_after_s(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now + 30)), now) == \

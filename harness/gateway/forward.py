@@ -135,8 +135,9 @@ class Gateway:
                         {}, attempt + 1
             if response.status_code in THROTTLE_STATUSES:
                 wait = retry_after_s(response.headers.get("retry-after"))
-                limit.on_throttle(wait, epoch)
-                if attempt + 1 < settings.max_attempts:
+                too_long = wait is not None and wait > settings.max_retry_after_s
+                limit.on_throttle(None if too_long else wait, epoch)
+                if attempt + 1 < settings.max_attempts and not too_long:
                     # honour Retry-After plus up to 10% jitter, so the throttled callers do not return together
                     delay = wait * (1 + 0.1 * random.random()) if wait is not None else \
                         backoff_s(attempt, max_s=settings.max_backoff_s)

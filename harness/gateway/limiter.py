@@ -128,7 +128,8 @@ class AdaptiveLimit:
 
     def snapshot(self) -> dict[str, float | int]:
         return {"limit": round(self.limit, 2), "max": self.max, "low": round(self.low, 2), "in_flight": self.in_flight,
-                "peak": self.peak, "cuts": self.cuts}
+                "peak": self.peak, "cuts": self.cuts,
+                "paused_s": round(max(0.0, self.paused_until - time.monotonic()), 2)}
 
 
 class Limiter:

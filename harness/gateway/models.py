@@ -41,6 +41,9 @@ class GatewaySettings(_Frozen):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_attempts: int = Field(default=5, gt=0)  # upstream tries on 429/503
     max_backoff_s: float = Field(default=30.0, gt=0)
+    # a Retry-After longer than this (a quota reset hours away) fails the call at once
+    # instead of pausing every run on that model for hours
+    max_retry_after_s: float = Field(default=60.0, gt=0)
     limits: LimitSettings = LimitSettings()
     # per model name or upstream name; overrides `limits`
     model_limits: dict[str, LimitSettings] = Field(default_factory=dict)
