@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,10 +216,14 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert sweep_json["sweep"]["name"] == "smoke" and sweep_json["price_table_version"]
     check_evidence_complete(sweep_dir, set(grid_ids))
     assert all(r["run_id"][:8] in first.stdout for r in rows)  # the final table
+    summary = (sweep_dir / "report" / "summary.md").read_text()  # the sweep ends with its summary
+    assert "| banking77 | gepa |" in summary and "| heart_disease | gepa |" in summary
 
+    shutil.rmtree(sweep_dir / "report")  # as if the first invocation had stopped before its summary
     again = run_sweep(evidence, data_dir, "concurrency=3")  # transport change: same runs
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 already done, 0 to run" in again.stdout
+    assert (sweep_dir / "report" / "summary.md").read_text() == summary
     assert {r["status"] for r in index_rows(sweep_dir)} == {"skipped"}
     assert sorted(r["run_id"] for r in index_rows(sweep_dir)) == sorted(grid_ids)
 

@@ -157,8 +157,11 @@ def rounded(frame: pl.DataFrame) -> pl.DataFrame:
 def _atomic(path: Path, write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.tmp")
-    write(temp)
-    os.replace(temp, path)
+    try:
+        write(temp)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
     return path
 
 

@@ -88,6 +88,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                   highlight=False)
     if not todo:
         _print_table(console, rows, store.dir)
+        _write_summary(store.dir, console)  # an earlier invocation may have stopped before it
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -130,6 +131,10 @@ def _write_summary(sweep_dir: str, console: Console) -> None:
         paths = write_report(sweep_dir)
     except ReportError as exc:
         console.print(f"report not written: {exc}", style="yellow", highlight=False)
+        return
+    except Exception as exc:  # noqa: BLE001 - the runs' evidence is complete; the summary can be regenerated
+        console.print(f"report not written: {type(exc).__name__}: {exc} (regenerate: python -m benchmarks.report "
+                      f"{sweep_dir})", style="yellow", highlight=False, markup=False)
         return
     console.print(f"summary: {paths.report_dir}/summary.md (regenerate: python -m benchmarks.report {sweep_dir})",
                   highlight=False)
