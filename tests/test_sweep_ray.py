@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from harness.run import RunOutcome
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.sweep.driver import PlannedRun, _index_row, _schedule
+from harness.processes import free_port
 from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
 from harness.sweep.store import SweepStore
 from harness.sweep.worker import SweepBoard
@@ -463,3 +465,36 @@ class TestInProcessRay:
         assert ray.get(limiter.in_use.remote()) == {}
         on_disk = {r["seed"]: (r["status"], r["attempts"]) for r in index_rows(tmp_path / "death")}
         assert on_disk == {1: ("failed", 2), 0: ("done", 1), 2: ("failed", 1), 3: ("done", 1)}
+
+
+def test_a_sweep_joins_an_existing_ray_cluster(tmp_path, data_dir):
+    """`ray.address=host:port` runs the sweep on that cluster (here a head started by the
+    test), not on a Ray of its own; the runs' workers are the cluster's."""
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        # without token auth, as the sweep's own driver expects unless RAY_AUTH_MODE says otherwise
+        env={**sweep_env(data_dir), "RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(Path(temp_dir).glob("session_*/logs/raylet.out")):
+            assert head.poll() is None and time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(0.5)
+        evidence = tmp_path / "evidence"
+        out = run_sweep(evidence, data_dir, f"ray.address=127.0.0.1:{port}", "sweep.seeds=[0]")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        rows = index_rows(evidence / "smoke")
+        assert len(rows) == 2 and {r["status"] for r in rows} == {"done"}
+        check_evidence_complete(evidence / "smoke", {r["run_id"] for r in rows})
+        worker_logs = [p for p in Path(temp_dir).glob("session_*/logs/worker-*") if b"RunWorker" in p.read_bytes()]
+        assert worker_logs, "no RunWorker ran on the cluster the sweep was pointed at"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -18,8 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.config import HarnessConfig
-from harness.errors import ConfigError
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
 from harness.specs import RunSpec
@@ -70,7 +69,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
 
     store = SweepStore(base.evidence_root, sweep.name)
     store.check_writable()
-    log_dir = Path(store.dir) / "logs"
+    log_dir = store.log_dir
     store.write_sweep({"sweep": sweep.model_dump(), "grid": [{"run_id": r.spec.run_id, **r.spec.axes} for r in runs],
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION})
     rows: dict[str, dict[str, Any]] = {}
@@ -87,13 +86,18 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     console.print(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run",
                   highlight=False)
     if not todo:
-        _print_table(console, rows, store.dir)
+        _print_table(console, rows, store.dir, log_dir)
         _write_summary(store.dir, console)  # an earlier invocation may have stopped before it
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     on_sigterm = signal.getsignal(signal.SIGTERM)
-    ray.init(address=_ray_address(base.ray.address), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", ignore_reinit_error=True)
+    address = _ray_address(base.ray.address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = "start a local Ray" if address == "local" else f"join the Ray cluster at {address}"
+        raise HarnessError(f"cannot {where}: {str(exc).splitlines()[0]}") from exc
     # ray.init installs its own SIGTERM handler (exit with a stack dump); keep the entry
     # point's, which takes the Ctrl-C path and says so
     if on_sigterm is not None:
@@ -118,7 +122,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                           live_usage=_live_usage(services) if base.gateway.live_usage else None)
     finally:
         ray.shutdown()
-    _print_table(console, rows, store.dir)
+    _print_table(console, rows, store.dir, log_dir)
     _write_summary(store.dir, console)
     return 0 if all(r["status"] in ("done", "skipped") for r in rows.values()) else 1
 
@@ -197,8 +201,17 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
     def holder(run_id: str) -> str:
         return f"{run_id}#{attempts[run_id]}"
 
+    # The services (containers, model servers, gateway) listen on this machine's loopback:
+    # on a cluster, runs go to the driver's node, and the cluster's other nodes stay free.
+    placement: dict[str, Any] = {}
+    if base.ray.address is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
     def submit(run: PlannedRun) -> None:
-        actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run).remote()
+        actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run, **placement).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
         ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
                                board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id))
@@ -279,7 +292,7 @@ def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started
             f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}")
 
 
-def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str) -> None:
+def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str, log_dir: Path) -> None:
     table = Table(title="runs")
     for column in ("run", "status", "container", "algorithm", "proposer", "seed", "heldout seed→best", "error"):
         table.add_column(column, overflow="fold")
@@ -290,5 +303,5 @@ def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: s
                  str(row["seed"]), scores, row["error"] or "")
         table.add_row(*(escape(str(cell)) for cell in cells))
     console.print(table)
-    console.print(f"runs: {sweep_dir}/<run id>/; index: {sweep_dir}/index.parquet; logs: {sweep_dir}/logs/",
+    console.print(f"runs: {sweep_dir}/<run id>/; index: {sweep_dir}/index.parquet; logs: {log_dir}/",
                   highlight=False, soft_wrap=True)

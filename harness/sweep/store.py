@@ -4,9 +4,11 @@ sweep, its expected grid and the parity controls), each written atomically."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from harness.errors import HarnessError
@@ -41,6 +43,14 @@ class SweepStore:
 
     def check_writable(self) -> None:
         self._probe.check_writable()
+
+    @property
+    def log_dir(self) -> Path:
+        """Service and per-run logs: beside the evidence when it is on this machine's disk,
+        else (an object store) in this machine's cache, where processes can append."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            return Path(self.dir) / "logs"
+        return Path.home() / ".cache" / "gepa-harness" / "sweep-logs" / self.sweep
 
     def run_location(self, run_id: str) -> EvidenceLocation:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
