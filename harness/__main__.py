@@ -23,10 +23,12 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 def run_single(config: HarnessConfig, console: Console) -> int:
     from harness.console import RunProgressBar, print_outcome
     from harness.evidence.writer import EvidenceLocation
+    from harness.preflight import check_model_keys
     from harness.run import execute_run
     from harness.services import Services
 
     spec = run_spec(config)
+    check_model_keys(spec, through_gateway=config.gateway.enabled)  # before any service starts
     # service logs go under the evidence root: check it before starting anything (as a sweep does)
     EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id).check_writable()
     log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
@@ -48,6 +50,7 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     """Expand the sweep's axes: Hydra composes each grid point, our code schedules."""
     from hydra import compose
 
+    from harness.preflight import check_model_keys
     from harness.sweep.driver import PlannedRun, run_sweep
     from harness.sweep.expand import expand, parse_sweep
 
@@ -66,6 +69,7 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     for point, raw in expand(sweep, user_overrides, compose_point):
         point_config = load_config(raw, base_dir=cwd)
         spec = run_spec(point_config, sweep=sweep.name, axes=point.axes)
+        check_model_keys(spec, through_gateway=point_config.gateway.enabled)  # before anything is written
         planned.append(PlannedRun(spec=spec, max_error_rate=point_config.max_error_rate))
     ids = [p.spec.run_id for p in planned]
     if len(set(ids)) != len(ids):

@@ -22,12 +22,13 @@ class PreflightResult(BaseModel):
     rows: dict[str, dict[str, Any]]
 
 
-def check_model_keys(spec: RunSpec) -> None:
+def check_model_keys(spec: RunSpec, through_gateway: bool = False) -> None:
     """Hosted models' keys must be in this environment before any rollout: the proposer's
-    (the harness calls it) and the policy's when the harness starts the container (the
-    container inherits this environment; an attached container holds its own keys)."""
+    (the harness calls it) and the policy's when the harness's gateway adds it to every
+    container's calls or the harness starts the container (which inherits this
+    environment); an attached container without the gateway holds its own keys."""
     needed = [("proposer", spec.proposer, spec.proposer.api_key_env)]
-    if spec.container.command:
+    if spec.container.command or through_gateway:
         needed.insert(0, ("policy", spec.policy, spec.container.policy_key_env or spec.policy.api_key_env))
     for role, model, key_env in needed:
         if key_env and not os.environ.get(key_env):

@@ -113,9 +113,12 @@ def test_preflight_errors_stop_before_any_rollout(tmp_path, data_dir, banking77_
 @pytest.mark.parametrize("overrides, role", [
     (["policy=gpt_4_1_nano"], "policy gpt-4.1-nano"),
     (["proposer=gpt_5_4_nano"], "proposer gpt-5.4-nano"),
+    # an attached container's calls get the key from the harness's gateway: still needed here
+    (["policy=gpt_4_1_nano", "container.command=null", "+container.url=http://127.0.0.1:9"], "policy gpt-4.1-nano"),
+    (["+sweep=same_container", "models=hosted"], "policy gpt-4.1-nano"),  # before the sweep writes anything
 ])
 def test_missing_hosted_key_is_named_before_any_rollout(tmp_path, data_dir, monkeypatch, overrides, role) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the child inherits this environment
     result, lines, evidence = harness(tmp_path, data_dir, *overrides)
-    assert_one_error_line(result, lines, "OPENAI_API_KEY is not set", role, only_line=False)
-    assert_no_run_written(evidence)
+    assert_one_error_line(result, lines, "OPENAI_API_KEY is not set", role, only_line=True)
+    assert not evidence.exists()  # checked before any service started or any file was written
