@@ -53,6 +53,8 @@ class ContainerSpec(Spec):
     target_modules: list[str] | None = None
     startup_timeout_s: float = Field(default=60.0, gt=0)
     request_timeout_s: float = Field(default=180.0, gt=0)
+    # the report counts a row as solved (coverage) at reward >= this; None: 1.0 (exact match)
+    solved_threshold: float | None = Field(default=None, gt=0)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -131,6 +131,16 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     assert g0["y"].to_list() == [1.0, 3.0, 4.0]
 
 
+def test_thresholds_recorded_by_the_sweep_apply_unless_overridden(sweep_dir: Path, tmp_path: Path) -> None:
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    SweepStore(str(sweep_dir.parent), SWEEP).write_sweep({**sweep, "solved_thresholds": {"toy": 0.5}})
+    recorded = pl.read_parquet(write_report(str(sweep_dir), out=str(tmp_path / "a"), charts=False).summary_parquet)
+    assert set(recorded["threshold"].drop_nulls()) == {0.5}
+    given = pl.read_parquet(write_report(str(sweep_dir), out=str(tmp_path / "b"), charts=False,
+                                         task_thresholds={"toy": 1.0}).summary_parquet)
+    assert set(given["threshold"].drop_nulls()) == {1.0}
+
+
 # ---- one test per metric on tiny frames ------------------------------------------------------
 
 def _rollouts(rows: Rollouts, run_id: str = "r") -> pl.LazyFrame:

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", help="<evidence_root>/<sweep>: run directories, sweep.json, index.parquet")
     parser.add_argument("--k", type=int, default=None, help="coverage through the first K candidates (default: all)")
     parser.add_argument("--threshold", action="append", default=[], metavar="[TASK=]REWARD",
-                        help="a row counts as solved when reward >= this (default 1.0); repeatable per task")
+                        help="a row counts as solved when reward >= this (default 1.0; a task's container "
+                             "config may record its own, which TASK=REWARD overrides); repeatable per task")
     parser.add_argument("--out", default=None, help="output directory (default: <sweep_dir>/report)")
     parser.add_argument("--no-charts", action="store_true", help="write tables only")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the seed CI")

@@ -66,6 +66,15 @@ def check_parquet_version(path: Path) -> None:
     _check_version(raw.decode() if raw is not None else None, str(path))
 
 
+def recorded_thresholds(sweep_dir: str | Path) -> dict[str, float]:
+    """Per-task coverage thresholds the sweep recorded from its containers' configs."""
+    sweep_file = Path(sweep_dir) / SWEEP_JSON
+    if not sweep_file.is_file():
+        return {}
+    recorded = json.loads(sweep_file.read_text()).get("solved_thresholds") or {}
+    return {str(task): float(value) for task, value in recorded.items()}
+
+
 def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
     """The runs the sweep meant to produce. Without sweep.json (a single run's directory)
     every run directory with a manifest is expected, with the axes it recorded."""

@@ -81,8 +81,11 @@ def compute_report(sweep_dir: str, options: ReportOptions = ReportOptions()) -> 
 def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0,
                  task_thresholds: Mapping[str, float] | None = None, out: str | None = None,
                  charts: bool = True, resamples: int = 1000, ci_seed: int = 0) -> ReportPaths:
-    """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the sweep's evidence alone."""
-    options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted((task_thresholds or {}).items())),
+    """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the sweep's evidence alone. Per-task
+    thresholds the sweep recorded (a container's `solved_threshold`) apply unless
+    `task_thresholds` names the task."""
+    per_task = {**io.recorded_thresholds(sweep_dir), **(task_thresholds or {})}
+    options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),
                             resamples=resamples, ci_seed=ci_seed)
     frames = compute_report(sweep_dir, options)
     out_dir = Path(out) if out else Path(sweep_dir) / "report"

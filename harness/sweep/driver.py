@@ -70,8 +70,11 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     store = SweepStore(base.evidence_root, sweep.name)
     store.check_writable()
     log_dir = store.log_dir
+    thresholds = {r.spec.container.name: r.spec.container.solved_threshold for r in runs
+                  if r.spec.container.solved_threshold is not None}
     store.write_sweep({"sweep": sweep.model_dump(), "grid": [{"run_id": r.spec.run_id, **r.spec.axes} for r in runs],
-                       "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION})
+                       "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
+                       "solved_thresholds": dict(sorted(thresholds.items()))})
     rows: dict[str, dict[str, Any]] = {}
     todo: list[PlannedRun] = []
     for run in runs:
