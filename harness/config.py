@@ -47,6 +47,7 @@ class HarnessConfig(BaseModel):
     budget: BudgetSpec
     seed: int = 0
     concurrency: int = Field(default=2, gt=0)
+    checkpoint_every_s: float = Field(default=10.0, gt=0)
     max_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
     heldout_candidates: Any = "best"
     evidence_root: str = "evidence"
@@ -93,6 +94,7 @@ def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str
             sweep=sweep, container=config.container, policy=config.policy, proposer=config.proposer,
             algorithm=config.algorithm, pools=config.pools.resolve(), budget=config.budget, seed=config.seed,
             heldout_candidates=config.heldout_candidates, concurrency=config.concurrency,
+            checkpoint_every_s=config.checkpoint_every_s,
             evidence_root=config.evidence_root, axes=axes or {},
         )
     except ValidationError as exc:

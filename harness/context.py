@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from harness.candidates import Candidate, RolloutResult, digest_of
@@ -126,7 +126,43 @@ class RunContext:
         self._container_generation = 0
         self._container_restarts = 0
         self._container_lost: str | None = None
+        # spend metered by an earlier process of this run (restored from its checkpoint)
+        self._carried_cost = 0.0
         self.seed_candidate = self.add_candidate(dict(program.seed_candidate), (), "seed")
+
+    # ---- checkpoint ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a resumed run needs to go on from here (see harness/checkpoint.py)."""
+        return {"usage": asdict(self.usage), "seq": self._seq, "proposal_seq": self._proposal_seq,
+                "elapsed_s": self.elapsed(), "container_restarts": self._container_restarts,
+                "evidence": {name: [dict(row) for row in rows] for name, rows in asdict(self.evidence).items()}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take up a snapshot: candidates, evidence, counters, the clock, and every rollout
+        it recorded as cached, so none is rolled out again."""
+        self.usage = Usage(**state["usage"])
+        self._carried_cost = self.usage.cost_usd if self.gateway is not None else 0.0
+        self.evidence = Evidence(**state["evidence"])
+        self._seq, self._proposal_seq = state["seq"], state["proposal_seq"]
+        self._container_restarts = state["container_restarts"]
+        self.started = time.monotonic() - state["elapsed_s"]
+        self._candidates = {}
+        for row in self.evidence.candidates:
+            candidate = Candidate(candidate_id=row["candidate_id"], index=row["index"],
+                                  texts=json.loads(row["modules_json"]), parent_ids=tuple(row["parent_ids"]),
+                                  generation=row["generation"], origin=row["origin"])
+            self._candidates[candidate.candidate_id] = candidate
+        self.seed_candidate = self._candidates[self.evidence.candidates[0]["candidate_id"]]
+        self._cache = {}
+        for row in self.evidence.rollouts:
+            if row["status"] == "refused":
+                continue  # never ran: not a result
+            candidate = self._candidates[row["candidate_id"]]
+            self._cache[(candidate.digest, row["task_id"])] = RolloutResult(
+                candidate_id=row["candidate_id"], task_id=row["task_id"], reward=row["reward"], status=row["status"],
+                error=row["error"], feedback=row["feedback"] or "", output=row["output"] or "",
+                task=self._rows.get(row["task_id"]))
 
     # ---- time and budget -------------------------------------------------------
 
@@ -431,7 +467,7 @@ class RunContext:
         assert self.gateway is not None
         refused = await self.gateway.refresh()
         spend = self.gateway.spend
-        self.usage.cost_usd = spend.cost_usd
+        self.usage.cost_usd = self._carried_cost + spend.cost_usd
         self.usage.cost_unknown = self.usage.cost_unknown or spend.unknown_cost_calls > 0
         self.usage.budget_refused = self.usage.budget_refused or bool(refused)
         return refused

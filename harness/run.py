@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from algorithms.protocol import build_optimizer
 from harness.candidates import Candidate, mean_reward
+from harness.checkpoint import CheckpointStore, RunCheckpoint, merge_gateway_summaries
 from harness.client import ContainerClient, Gate
 from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
@@ -93,10 +94,25 @@ def heldout_candidates(ctx: RunContext, best_id: str) -> list[Candidate]:
         [ctx.candidate(best_id)] if best_id not in ids and best_id != seed.candidate_id else []), key=lambda c: c.index)
 
 
-async def _score_heldout(ctx: RunContext, best_id: str) -> list[HeldoutScore]:
-    scores = []
+async def _score_heldout(ctx: RunContext, best_id: str, done: list[HeldoutScore],
+                         checkpoint: Callable[[list[HeldoutScore]], Awaitable[None]]) -> list[HeldoutScore]:
+    """Re-score the chosen candidates on heldout, in chunks, checkpointing at most every
+    `checkpoint_every_s`; candidates in `done` (from a checkpoint) are not scored again."""
+    finished = {score.candidate_id: score for score in done}
+    scores: list[HeldoutScore] = []
+    chunk = max(8, 4 * ctx.spec.concurrency)
+    last_saved = time.monotonic()
     for candidate in heldout_candidates(ctx, best_id):
-        results = await ctx.evaluate(candidate, list(ctx.pools.heldout), "heldout")
+        if candidate.candidate_id in finished:
+            scores.append(finished[candidate.candidate_id])
+            continue
+        task_ids = list(ctx.pools.heldout)
+        for start in range(0, len(task_ids), chunk):
+            await ctx.evaluate(candidate, task_ids[start:start + chunk], "heldout")
+            if time.monotonic() - last_saved >= ctx.spec.checkpoint_every_s:
+                await checkpoint(scores)
+                last_saved = time.monotonic()
+        results = await ctx.evaluate(candidate, task_ids, "heldout")  # every pair is cached by now
         scores.append(HeldoutScore(candidate_id=candidate.candidate_id, pareto_score=_pareto_score(ctx, candidate),
                                    heldout_score=mean_reward(results)))
     return scores
@@ -122,6 +138,8 @@ async def execute_run(
     optimizer = build_optimizer(spec.algorithm.name, spec.algorithm.params)
     location.check_writable()
     location.clear_partial()
+    checkpoints = CheckpointStore(location, spec.run_id)
+    restored = checkpoints.load()
     client = ContainerClient(endpoints.container_url, api_key_env=spec.container.api_key_env,
                              concurrency=spec.concurrency, timeout_s=spec.container.request_timeout_s,
                              gate=rollout_gate)
@@ -139,26 +157,47 @@ async def execute_run(
         ctx = RunContext(spec, client, checked.program, policy, proposer, task_info=checked.task_info,
                          rows=checked.rows, observer=observer, max_error_rate=max_error_rate,
                          restart_container=restart_container, gateway=gateway)
-        ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
+        if restored is not None:
+            ctx.restore(restored.state)
+            started_at = datetime.fromisoformat(restored.started_at)
+        else:
+            ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
         if restarted_for is not None:
             ctx.restarted_before_start(restarted_for)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
         t_opt = time.monotonic()
+        timings = {"preflight_s": t_opt - t0, "optimize_s": 0.0}
+
+        async def checkpoint(scores: list[HeldoutScore]) -> None:
+            await _save_checkpoint(checkpoints, ctx, restored, RunCheckpoint(
+                run_id=spec.run_id, started_at=started_at.isoformat(), stop_reason=stop_reason,
+                best_candidate_id=best_id, timings=timings, state={}, heldout=[h.model_dump() for h in scores]))
+
         try:
-            result = await optimizer.run(ctx)
-            stop_reason, best_id = result.stop_reason, result.best_candidate_id
+            if restored is None:
+                result = await optimizer.run(ctx)
+                stop_reason, best_id = result.stop_reason, result.best_candidate_id
+                timings["optimize_s"] = time.monotonic() - t_opt
+                await checkpoint([])
+            else:
+                stop_reason, best_id, timings = restored.stop_reason, restored.best_candidate_id, dict(restored.timings)
+                ctx.event("resumed", f"resumed from its checkpoint: optimization done, {len(restored.heldout)} "
+                          "candidate(s) re-scored on heldout", rollouts_recorded=len(ctx.evidence.rollouts))
             t_heldout = time.monotonic()
-            heldout = await _score_heldout(ctx, best_id)
+            heldout = await _score_heldout(ctx, best_id, [HeldoutScore(**h) for h in restored.heldout]
+                                           if restored else [], checkpoint)
         except (RunFailed, HarnessError) as exc:
             status, error, t_heldout = "failed", str(exc), time.monotonic()
             ctx.event("error", str(exc))
-        model_calls, gateway_summary = await _gateway_evidence(ctx)
+        model_calls, gateway_summary = await _metered_calls(ctx, restored, final=True)
         finished = time.monotonic()
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at,
-               timings={"wall_s": finished - t0, "preflight_s": t_opt - t0, "optimize_s": t_heldout - t_opt,
+               timings={**timings, "wall_s": ctx.elapsed() + timings["preflight_s"],
                         "heldout_s": finished - t_heldout})
+        if status == "done":
+            checkpoints.clear()
     finally:
         await client.aclose()
         await proposer.aclose()
@@ -204,18 +243,36 @@ def _gateway_session(spec: RunSpec, endpoints: Endpoints) -> GatewaySession | No
                           proposer_upstream=endpoints.proposer_upstream, budget_usd=spec.budget.max_cost_usd)
 
 
-async def _gateway_evidence(ctx: RunContext) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The run's model calls as the gateway metered them (empty without a gateway)."""
+async def _metered_calls(ctx: RunContext, restored: RunCheckpoint | None, final: bool,
+                         ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The run's model calls as the gateway metered them (empty without a gateway), with
+    those an earlier process of the run checkpointed."""
+    carried = restored.model_calls if restored else []
+    carried_summary = restored.gateway_summary if restored else None
     if ctx.gateway is None:
-        return [], None
+        return carried, carried_summary
     try:
         await ctx.sync_spend()
-        ctx.notify("done")  # the progress line ends on the metered totals
+        if final:
+            ctx.notify("done")  # the progress line ends on the metered totals
         rows = ctx.gateway.rows(await ctx.gateway.calls())
     except HarnessError as exc:
-        ctx.event("error", f"model calls not recorded: {exc}")
-        return [], None
-    return rows, ctx.gateway.summary()
+        if final:
+            ctx.event("error", f"model calls not recorded: {exc}")
+            return carried, carried_summary
+        raise
+    return carried + rows, merge_gateway_summaries(carried_summary, ctx.gateway.summary())
+
+
+async def _save_checkpoint(store: CheckpointStore, ctx: RunContext, restored: RunCheckpoint | None,
+                           partial: RunCheckpoint) -> None:
+    """Save the run's state; a checkpoint that cannot be written costs a resume, not the run."""
+    try:
+        calls, summary = await _metered_calls(ctx, restored, final=False)
+        store.save(partial.model_copy(update={"state": ctx.snapshot(), "model_calls": calls,
+                                              "gateway_summary": summary}))
+    except (OSError, HarnessError) as exc:
+        ctx.event("checkpoint", f"checkpoint not written: {exc}")
 
 
 def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, **fields: Any) -> None:

@@ -150,6 +150,7 @@ class RunSpec(Spec):
     heldout_candidates: Literal["best", "all"] | int = "best"
     # transport and placement: do not change results, not in the run id
     concurrency: int = Field(default=4, gt=0)
+    checkpoint_every_s: float = Field(default=10.0, gt=0)  # while heldout re-scoring runs (harness/checkpoint.py)
     evidence_root: str = "evidence"
     axes: dict[str, str] = Field(default_factory=dict)
 

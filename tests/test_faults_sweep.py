@@ -24,6 +24,7 @@ import pytest
 
 from conftest import container_spec
 from faults import check_rows_exactly_once, run_on, small_spec
+from harness.checkpoint import CheckpointStore
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
 from harness.scripted_model import ScriptedModelThread
@@ -215,9 +216,9 @@ def files_under(root: Path) -> list[str]:
 @pytest.mark.parametrize("free_kib", [4, 16, 24])
 def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tiny_disk, free_kib, data_dir, banking77_url,
                                                                   scripted_policy) -> None:
-    """With 4, 16 or 24 KiB free, the disk fills at a different table (here: rollouts,
-    proposals, events); each
-    time: a HarnessError naming the file and the cause, and nothing of the run left."""
+    """With 4, 16 or 24 KiB free, the disk fills at a different point; each time: a
+    HarnessError naming the file and the cause, and nothing of the run left but, when it
+    fitted, the run's whole checkpoint (a re-run with space resumes from it)."""
     fill(tiny_disk, free_kib * 1024)
     spec = small_spec(container_spec("banking77", data_dir), tiny_disk / "evidence", budget=30)
     with pytest.raises(HarnessError) as caught:
@@ -225,8 +226,12 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tiny_disk, free
     message = str(caught.value)
     assert message.startswith(f"cannot write evidence {tiny_disk}/evidence/local/{spec.run_id}/")
     assert "No space left on device" in message and "\n" not in message
-    assert files_under(tiny_disk) == ["filler"]  # no table, no manifest, no temporary file
+    checkpoint = f"evidence/local/.checkpoints/{spec.run_id}.json"
+    assert set(files_under(tiny_disk)) - {checkpoint} == {"filler"}  # no table, no manifest, no temporary file
     assert not (tiny_disk / "evidence" / "local" / spec.run_id).exists()
+    if (tiny_disk / checkpoint).exists():
+        assert CheckpointStore(EvidenceLocation(str(tiny_disk / "evidence"), "local", spec.run_id),
+                               spec.run_id).load() is not None
 
 
 def test_a_full_disk_keeps_the_previous_sweep_index(tiny_disk) -> None:

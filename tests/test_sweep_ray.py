@@ -170,8 +170,9 @@ def check_evidence_complete(sweep_dir: Path, run_ids: set[str]) -> None:
     assert not leftovers, f"leftover temporary files: {leftovers}"
     for path in sweep_dir.rglob("*.parquet"):
         pq.read_table(path)  # raises on a partial file
-    run_dirs = {p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name not in ("logs", "report")}
+    run_dirs = {p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name not in ("logs", "report", ".checkpoints")}
     assert run_dirs == run_ids, "run directories do not match the grid"
+    assert not list(sweep_dir.glob(".checkpoints/*")), "a finished run left its checkpoint behind"
     for run_id in run_ids:
         run_dir = sweep_dir / run_id
         manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -1,0 +1,86 @@
+"""A run killed (SIGKILL) while it re-scores candidates on heldout, started again with the
+same command, resumes from its checkpoint: no optimization again, and no (candidate,
+heldout row) pair the checkpoint held is rolled out again. Scripted models, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conftest import read_evidence
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(300)
+
+
+def harness_cmd(evidence: Path, data_dir: Path) -> list[str]:
+    # 0.2 s per policy call: heldout re-scoring of every candidate takes long enough to interrupt
+    return [sys.executable, "-m", "harness", "models=scripted", "policy.source='rules?latency_s=0.2'",
+            "heldout_candidates=all", "budget.max_rollouts=40", "checkpoint_every_s=1", f"evidence_root={evidence}",
+            f"data_dir={data_dir}"]
+
+
+def checkpoint_rows(path: Path) -> list[dict]:
+    try:
+        state = json.loads(path.read_text())["state"]
+    except (OSError, ValueError, KeyError):
+        return []  # not written yet
+    return [r for r in state.get("evidence", {}).get("rollouts", []) if r["stage"] == "heldout"]
+
+
+def test_a_run_killed_during_heldout_resumes_from_its_checkpoint(tmp_path, data_dir) -> None:
+    evidence = tmp_path / "evidence"
+    env = {**os.environ, "COLUMNS": "200"}
+    first = subprocess.Popen(harness_cmd(evidence, data_dir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoints = evidence / "local" / ".checkpoints"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            files = list(checkpoints.glob("*.json"))
+            if files and len(checkpoint_rows(files[0])) >= 20:
+                break
+            assert first.poll() is None, "the run ended before it could be interrupted during heldout"
+            assert time.monotonic() < deadline, "no heldout progress was checkpointed"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the run and every service it started
+        first.wait(timeout=30)
+    saved = json.loads(files[0].read_text())
+    run_id = saved["run_id"]
+    carried = {r["rollout_id"]: r for r in saved["state"]["evidence"]["rollouts"]}
+    assert not (evidence / "local" / run_id / "manifest.json").exists()
+
+    second = subprocess.run(harness_cmd(evidence, data_dir), cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    ev = read_evidence(evidence / "local" / run_id)
+    assert ev["manifest"]["status"] == "done"
+    events = ev["events"]
+    assert "resumed" in events["kind"].to_list()
+    rollouts = ev["rollouts"]
+    assert rollouts["rollout_id"].n_unique() == rollouts.height  # every pair once
+    # what the checkpoint held came over as it was (same timings), not rolled out again
+    kept = rollouts.filter(pl.col("rollout_id").is_in(list(carried)))
+    assert kept.height == len(carried)
+    for row in kept.iter_rows(named=True):
+        assert row["latency_s"] == carried[row["rollout_id"]]["latency_s"]
+    # optimization happened once: its rollouts are all from the checkpoint
+    optimization = rollouts.filter(pl.col("stage") != "heldout")
+    assert set(optimization["rollout_id"]) <= set(carried)
+    # the policy was called once per rollout across both processes
+    calls = pl.read_parquet(evidence / "local" / run_id / "model_calls.parquet").filter(pl.col("role") == "policy")
+    assert sorted(calls["rollout_id"].to_list()) == sorted(rollouts["rollout_id"].to_list())
+    # every candidate is re-scored on every heldout row, and the checkpoint is gone
+    heldout = rollouts.filter(pl.col("stage") == "heldout")
+    assert heldout.height == ev["candidates"].height * len(set(heldout["task_id"]))
+    assert {h["candidate_id"] for h in ev["manifest"]["heldout"]} == set(ev["candidates"]["candidate_id"])
+    assert not list(checkpoints.glob("*.json"))
