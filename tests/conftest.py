@@ -25,8 +25,9 @@ def shared_datasets_dir() -> Path:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_datasets_dir()
-    if not path.is_dir():
-        pytest.skip(f"dataset folder {path} not found (set HARNESS_DATA_DIR)")
+    if not path.is_dir():  # an error, not a skip: a suite that skips its data tests could pass having tested little
+        pytest.fail(f"dataset folder {path} not found: set HARNESS_DATA_DIR to the shared datasets folder",
+                    pytrace=False)
     return path
 
 

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 
 from algorithms.protocol import algorithm_names
 from benchmarks.containers.banking77 import SEED_SYSTEM
+from conftest import CONTAINER_MODULES
 from harness.errors import ConfigError
 from harness.processes import free_port
 from harness.run import RunOutcome, execute_run
@@ -127,10 +128,12 @@ def stack(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def make_spec(algorithm: str, root: Path, *, params: dict[str, Any] | None = None, budget: int = 40,
-              proposer: ModelSpec = SCRIPTED, pools: Pools = POOLS, seed: int = 0) -> RunSpec:
+              proposer: ModelSpec = SCRIPTED, pools: Pools = POOLS, seed: int = 0,
+              container: str = "banking77") -> RunSpec:
     return RunSpec(
         sweep="contract",
-        container=ContainerSpec(name="banking77", url="http://attached.invalid", target_modules=["stage2_system"]),
+        container=ContainerSpec(name=container, url="http://attached.invalid",
+                                target_modules=[CONTAINER_MODULES[container]]),
         policy=SCRIPTED, proposer=proposer, algorithm=AlgorithmSpec(name=algorithm, params=params or {}),
         pools=pools, budget=BudgetSpec(max_rollouts=budget), seed=seed, heldout_candidates="all",
         concurrency=4, evidence_root=str(root),
@@ -246,6 +249,14 @@ def test_contract_with_scripted_models(algorithm: str, stack: Stack, tmp_path: P
     if algorithm != "seed_only":
         assert ev.proposals.height >= 1
         assert ev.manifest["totals"]["proposer_calls"] >= ev.proposals["attempts"].sum()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_contract_on_heart_disease(algorithm: str, stack: Stack, heart_disease_url: str, tmp_path: Path) -> None:
+    spec = make_spec(algorithm, tmp_path, container="heart_disease")
+    ev = check_contract(run(spec, heart_disease_url, stack.rules_url), spec)
+    assert ev.rollouts.filter(pl.col("status") != "ok").height == 0
+    assert set(ev.rollouts["reward"]) <= {0.0, 1.0}
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -44,7 +44,9 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def sweep_env(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a fresh local Ray
+    # always a fresh local Ray, whatever an in-process ray.init of another test left in os.environ
+    # (it sets RAY_AUTH_MODE, for one)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(HARNESS_DATA_DIR=str(data_dir), COLUMNS="250", PYTHONUNBUFFERED="1")
     return env
 
@@ -227,6 +229,10 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 already done, 0 to run" in again.stdout
     assert (sweep_dir / "report" / "summary.md").read_text() == summary
+    skipped = {r["run_id"]: r for r in index_rows(sweep_dir)}
+    for row in rows:  # the skipped runs' results come from their manifests
+        assert {k: skipped[row["run_id"]][k] for k in ("rollouts", "seed_heldout", "best_heldout")} == {
+            k: row[k] for k in ("rollouts", "seed_heldout", "best_heldout")}
     assert {r["status"] for r in index_rows(sweep_dir)} == {"skipped"}
     assert sorted(r["run_id"] for r in index_rows(sweep_dir)) == sorted(grid_ids)
 
@@ -485,7 +491,9 @@ def test_a_sweep_joins_an_existing_ray_cluster(tmp_path, data_dir):
             assert head.poll() is None and time.monotonic() < deadline, "the Ray head did not start"
             time.sleep(0.5)
         evidence = tmp_path / "evidence"
-        out = run_sweep(evidence, data_dir, f"ray.address=127.0.0.1:{port}", "sweep.seeds=[0]")
+        out = subprocess.run(sweep_cmd(evidence, f"ray.address=127.0.0.1:{port}", "sweep.seeds=[0]"), cwd=REPO,
+                             env={**sweep_env(data_dir), "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+                             timeout=300)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         rows = index_rows(evidence / "smoke")
         assert len(rows) == 2 and {r["status"] for r in rows} == {"done"}

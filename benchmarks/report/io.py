@@ -106,6 +106,10 @@ def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
         raise ReportError(f"{root}: no such sweep directory")
     grid = expected_grid(root)
     axes = sorted({k for point in grid for k in point if k not in ("run_id", *ROLE_AXES)})
+    # a run that failed before writing evidence (its container never started) is in the index only
+    index = root / "index.parquet"
+    failed_early = set(pl.read_parquet(index, columns=["run_id", "status"]).filter(
+        pl.col("status") == "failed")["run_id"]) if index.is_file() else set()
     rows = []
     for point in grid:
         manifest = read_manifest(root / point["run_id"]) or {}
@@ -116,7 +120,7 @@ def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
             "task": point.get("container") or (spec.get("container") or {}).get("name"),
             "stack": point.get("algorithm") or (spec.get("algorithm") or {}).get("name"),
             "seed": int(seed) if seed is not None else None,
-            "status": manifest.get("status", "missing"),
+            "status": manifest.get("status", "failed" if point["run_id"] in failed_early else "missing"),
             "seed_candidate_id": manifest.get("seed_candidate_id"),
             "policy_model": (spec.get("policy") or {}).get("model"),
             "proposer_model": (spec.get("proposer") or {}).get("model"),

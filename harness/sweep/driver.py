@@ -46,6 +46,16 @@ def _index_row(spec: RunSpec, status: str, outcome: RunOutcome | None, attempts:
     }
 
 
+def _recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The index columns of a run done earlier, from its manifest, so a resumed sweep's
+    table shows every run's results, not blanks for those it skipped."""
+    heldout = {h["candidate_id"]: h["heldout_score"] for h in manifest.get("heldout") or []}
+    return {"rollouts": (manifest.get("totals") or {}).get("rollouts"),
+            "wall_s": (manifest.get("timings") or {}).get("wall_s"),
+            "seed_heldout": heldout.get(manifest.get("seed_candidate_id")),
+            "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
+
+
 def _parity(runs: list[PlannedRun]) -> dict[str, Any]:
     """What a reader needs to check that arms were compared fairly."""
     specs = [r.spec for r in runs]
@@ -81,7 +91,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         manifest = store.run_location(run.spec.run_id).read_manifest()
         if manifest is not None and manifest.get("status") == "done":
             rows[run.spec.run_id] = _index_row(run.spec, "skipped", None, 0) | {
-                "evidence_dir": store.run_location(run.spec.run_id).run_dir}
+                "evidence_dir": store.run_location(run.spec.run_id).run_dir, **_recorded_results(manifest)}
         else:
             rows[run.spec.run_id] = _index_row(run.spec, "pending", None, 0)
             todo.append(run)
