@@ -420,8 +420,9 @@ class RunContext:
 
     async def propose(self, messages: list[ChatMessage], *, temperature: float, max_tokens: int,
                       scopes: list[str] | None = None) -> ChatResult:
-        """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent.
-        The call's gateway scope is appended to `scopes`, for `record_proposal`."""
+        """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent
+        or the wall budget runs out, also during the call. The call's gateway scope is
+        appended to `scopes`, for `record_proposal`."""
         reason = self.stop_reason()
         if reason in ("max_cost_usd", "max_wall_s"):
             raise BudgetExhausted(reason)
@@ -435,9 +436,16 @@ class RunContext:
             scope = self.gateway.last_proposer_scope  # this call's, before another call can start
             if scopes is not None:
                 scopes.append(scope)
+        call = client.complete(messages, temperature=temperature, max_tokens=max_tokens,
+                               seed=self.rng.randrange(2**31))
+        wall = self.spec.budget.max_wall_s
         try:
-            result = await client.complete(
-                messages, temperature=temperature, max_tokens=max_tokens, seed=self.rng.randrange(2**31))
+            if wall is None:
+                result = await call
+            else:  # a slow proposer (minutes on a local model) must not carry the run past its wall budget
+                result = await asyncio.wait_for(call, timeout=max(0.0, wall - self.elapsed()))
+        except TimeoutError:
+            raise BudgetExhausted("max_wall_s") from None
         except ServiceError:
             if self.gateway is not None:
                 await self.sync_spend()

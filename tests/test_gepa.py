@@ -284,6 +284,20 @@ def test_same_seed_gives_identical_evidence(tmp_path, data_dir, urls, bank) -> N
         assert first["manifest"][key] == second["manifest"][key], key
 
 
+def test_max_wall_s_cuts_a_slow_proposer_call_short(tmp_path, data_dir, urls, bank) -> None:
+    """A proposer call that would run past the wall budget (a local model can take minutes)
+    is abandoned at the deadline: the run stops there, not when the call returns."""
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:20],
+                         pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=100_000, max_wall_s=2.0,
+                         params={"minibatch_size": 3})
+    with ScriptedModelThread("rules?latency_s=60") as slow_proposer:
+        outcome = execute(spec, urls[0], urls[1], slow_proposer.base_url)
+    assert outcome.status == "done" and outcome.stop_reason == "max_wall_s", outcome.error
+    manifest = read_evidence(outcome.evidence_dir)["manifest"]
+    assert 2.0 <= manifest["timings"]["optimize_s"] < 2.0 + 3.0
+    assert manifest["totals"]["proposals"] == 0 and manifest["totals"]["heldout_rollouts"] > 0
+
+
 def test_max_generations_stops_cleanly(tmp_path, data_dir, urls, bank) -> None:
     ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=10_000, max_generations=3)
     manifest = ev["manifest"]
