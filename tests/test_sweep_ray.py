@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import ray
@@ -24,11 +25,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from harness.config import load_config, run_spec
+from harness.evidence.schema import TIMING_COLUMNS, TRANSPORT_COLUMNS
+from harness.processes import free_port
 from harness.run import RunOutcome
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.sweep.driver import PlannedRun, _index_row, _schedule
-from harness.processes import free_port
 from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
 from harness.sweep.store import SweepStore
 from harness.sweep.worker import SweepBoard
@@ -507,3 +509,28 @@ def test_a_sweep_joins_an_existing_ray_cluster(tmp_path, data_dir):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_sweep_replayed_from_the_cache_reproduces_its_evidence_with_no_live_call(tmp_path, data_dir):
+    """`gateway.cache=read_write` records every model call of a sweep (2 runs on Ray, in
+    flight together); the same sweep with `gateway.cache=replay` into another evidence root
+    makes no live call and writes the same evidence, timings aside."""
+    store = f"gateway.cache_path={tmp_path / 'responses.sqlite'}"
+    recorded = run_sweep(tmp_path / "recorded", data_dir, "sweep.seeds=[0]", "gateway.cache=read_write", store)
+    assert recorded.returncode == 0, recorded.stdout[-3000:] + recorded.stderr[-3000:]
+    replayed = run_sweep(tmp_path / "replayed", data_dir, "sweep.seeds=[0]", "gateway.cache=replay", store)
+    assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    run_ids = {r["run_id"] for r in index_rows(tmp_path / "recorded" / "smoke")}
+    assert run_ids == {r["run_id"] for r in index_rows(tmp_path / "replayed" / "smoke")} and len(run_ids) == 2
+    for run_id in sorted(run_ids):
+        first, second = (tmp_path / root / "smoke" / run_id for root in ("recorded", "replayed"))
+        calls = [pl.read_parquet(d / "model_calls.parquet") for d in (first, second)]
+        assert set(calls[0]["cache"]) == {"miss"} and set(calls[1]["cache"]) == {"replay"}  # no live call
+        assert set(calls[1]["status"]) == {"ok"} and calls[0].height == calls[1].height > 0
+        for name in (*TABLES, "model_calls"):
+            tables = [pl.read_parquet(d / f"{name}.parquet") for d in (first, second)]
+            keep = [c for c in tables[0].columns if c not in TIMING_COLUMNS | TRANSPORT_COLUMNS]
+            assert tables[0].select(keep).equals(tables[1].select(keep)), (run_id, name)
+        manifests = [json.loads((d / "manifest.json").read_text()) for d in (first, second)]
+        for key in ("totals", "heldout", "best_candidate_id", "stop_reason", "identity"):
+            assert manifests[0][key] == manifests[1][key], (run_id, key)
