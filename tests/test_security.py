@@ -319,5 +319,5 @@ def test_error_text_is_printed_as_text_not_markup(tmp_path) -> None:
            "algorithm": "gepa", "seed": 0, "seed_heldout": None, "best_heldout": None, "error": error,
            "evidence_dir": None}
     out = io.StringIO()
-    _print_table(Console(file=out, width=400, color_system=None), {"r1": row}, str(tmp_path))
+    _print_table(Console(file=out, width=400, color_system=None), {"r1": row}, str(tmp_path), tmp_path / "logs")
     assert error in out.getvalue() and "[red]c" in out.getvalue()
