@@ -188,6 +188,8 @@ async def execute_run(
                                            if restored else [], checkpoint)
         except (RunFailed, HarnessError) as exc:
             status, error, t_heldout = "failed", str(exc), time.monotonic()
+            if restored is None and not timings["optimize_s"]:  # failed while optimizing
+                timings["optimize_s"] = t_heldout - t_opt
             ctx.event("error", str(exc))
         model_calls, gateway_summary = await _metered_calls(ctx, restored, final=True)
         finished = time.monotonic()
@@ -213,10 +215,14 @@ async def execute_run(
         seed_texts=ctx.seed_candidate.texts, best_texts=ctx.candidate(best_id).texts,
         rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts, tokens=ctx.usage.tokens,
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
-        proposals=len(ctx.evidence.proposals),
-        proposals_changed=sum(bool(p["changed"]) for p in ctx.evidence.proposals),
-        proposals_accepted=sum(bool(p["accepted"]) for p in ctx.evidence.proposals),
+        **proposal_counts(ctx.evidence.proposals),
     )
+
+
+def proposal_counts(proposals: list[dict[str, Any]]) -> dict[str, int]:
+    """Proposals made, those whose text differs from the parent's, and those accepted."""
+    return {"proposals": len(proposals), "proposals_changed": sum(bool(p["changed"]) for p in proposals),
+            "proposals_accepted": sum(bool(p["accepted"]) for p in proposals)}
 
 
 async def _preflight(client: ContainerClient, spec: RunSpec, restart: Callable[[], Awaitable[None]] | None,
@@ -309,9 +315,7 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
         "totals": {
             "rollouts": usage.rollouts, "heldout_rollouts": usage.heldout_rollouts,
             "failed_rollouts": usage.failed_rollouts, "candidates": len(evidence.candidates),
-            "proposals": len(evidence.proposals), "proposer_calls": usage.proposer_calls,
-            "proposals_changed": sum(bool(p["changed"]) for p in evidence.proposals),
-            "proposals_accepted": sum(bool(p["accepted"]) for p in evidence.proposals),
+            **proposal_counts(evidence.proposals), "proposer_calls": usage.proposer_calls,
             "policy_prompt_tokens": usage.policy_prompt_tokens,
             "policy_completion_tokens": usage.policy_completion_tokens,
             "proposer_prompt_tokens": usage.proposer_prompt_tokens,
