@@ -12,6 +12,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from harness.contract import (
+    DEFAULT_ROUTES,
     HealthResponse,
     MetadataResponse,
     ProgramResponse,
@@ -43,6 +44,23 @@ _PROCESS_GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
 
 
+def _body_reason(response: httpx.Response) -> str:
+    """The reason a container gave in an error body (`detail`, `error`, `status_detail`,
+    `message`), else the body's start."""
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict):
+        for key in ("detail", "error", "status_detail", "message"):
+            value = payload.get(key)
+            if isinstance(value, dict):
+                value = value.get("message") or value.get("detail") or value
+            if value:
+                return (value if isinstance(value, str) else str(value))[:300]
+    return response.text[:200]
+
+
 def _describe(exc: ValidationError) -> str:
     first = exc.errors()[0]
     location = ".".join(str(part) for part in first["loc"]) or "(body)"
@@ -68,6 +86,14 @@ class ContainerClient:
         self.retry = retry or RetryPolicy()
         self._limit = asyncio.Semaphore(concurrency)
         self._clients = ClientPerCall(timeout_s)  # see harness/http_pool.py
+        # route name -> path; a container's advertised routes replace these (use_routes)
+        self.routes = dict(DEFAULT_ROUTES)
+
+    def use_routes(self, metadata: MetadataResponse) -> dict[str, str]:
+        """Follow the routes a container advertises in metadata.optimizer_contracts.gepa."""
+        advertised = metadata.routes()
+        self.routes.update(advertised)
+        return advertised
 
     def _key(self) -> str | None:
         if not self.api_key_env:
@@ -77,15 +103,27 @@ class ContainerClient:
             raise ConfigError(f"environment variable {self.api_key_env} is not set (container key for {self.base_url})")
         return key
 
-    async def _call(self, method: str, route: str, model: type[M], body: Any = None) -> M:
+    async def _call(self, method: str, name: str, model: type[M], body: Any = None,
+                    answers: list[str] | None = None) -> M:
+        """One call of the route called `name`; error answers of earlier attempts are
+        appended to `answers` (so a retry that succeeds does not hide them)."""
+        route = self.routes[name]
         url = f"{self.base_url}{route}"
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         async with self._limit, self._clients.client() as http:
-            return await self._attempts(http, method, route, url, model, body, headers, key)
+            return await self._attempts(http, method, route, url, model, body, headers, key,
+                                        answers if answers is not None else [])
+
+    def _auth_hint(self, status: int) -> str:
+        if status not in (401, 403):
+            return ""
+        if self.api_key_env:
+            return f" (the container refused the key in ${self.api_key_env}: check that it holds the container's key)"
+        return " (the container wants a bearer key: set container.api_key_env to the variable holding it)"
 
     async def _attempts(self, http: httpx.AsyncClient, method: str, route: str, url: str, model: type[M], body: Any,
-                        headers: dict[str, str], key: str | None) -> M:
+                        headers: dict[str, str], key: str | None, answers: list[str]) -> M:
         last_error, kind = "no attempt made", FailureKind.TRANSIENT
         # The process was seen gone (connection refused or dropped) during this call, and the
         # last attempt also got no HTTP answer: the caller may restart it. A timeout on the
@@ -103,7 +141,9 @@ class ContainerClient:
                 if response.status_code == 200:
                     return self._parse(route, response, model)
                 kind = classify_status(response.status_code)
-                last_error = f"HTTP {response.status_code}: {redact(response.text[:200], key)}"
+                last_error = (f"HTTP {response.status_code}: {redact(_body_reason(response), key)}"
+                              f"{self._auth_hint(response.status_code)}")
+                answers.append(last_error)
                 if kind is FailureKind.FATAL:
                     break
                 wait = _retry_after_seconds(response)
@@ -126,40 +166,46 @@ class ContainerClient:
             raise ContractViolation(f"{route}: malformed response, {_describe(exc)}") from exc
 
     async def health(self) -> HealthResponse:
-        return await self._call("GET", "/health", HealthResponse)
+        return await self._call("GET", "health", HealthResponse)
 
     async def metadata(self) -> MetadataResponse:
-        return await self._call("GET", "/metadata", MetadataResponse)
+        return await self._call("GET", "metadata", MetadataResponse)
 
     async def program(self) -> ProgramResponse:
-        return await self._call("GET", "/program", ProgramResponse)
+        return await self._call("GET", "program", ProgramResponse)
 
     async def taskset(self) -> TasksetResponse:
-        return await self._call("GET", "/taskset", TasksetResponse)
+        return await self._call("GET", "taskset", TasksetResponse)
 
     async def tasks(self, split: str, task_ids: list[str]) -> list[Task]:
         body = TasksRequest(split=split, task_ids=task_ids).model_dump()
-        response = await self._call("POST", "/taskset/tasks", TasksResponse, body)
+        response = await self._call("POST", "tasks", TasksResponse, body)
         returned = [task.task_id for task in response.tasks]
         if returned != task_ids:
             missing = sorted(set(task_ids) - set(returned))
-            raise ContractViolation(f"/taskset/tasks: asked for {len(task_ids)} ids, missing {missing[:5]}")
+            raise ContractViolation(f"{self.routes['tasks']}: asked for {len(task_ids)} ids, missing {missing[:5]}")
         return response.tasks
 
     async def task_info(self) -> dict[str, Any] | None:
         try:
-            return (await self._call("GET", "/task_info", _AnyBody)).model_dump()
+            return (await self._call("GET", "task_info", _AnyBody)).model_dump()
         except ServiceError as exc:
             if exc.kind is FailureKind.FATAL:
                 return None  # optional route
             raise
 
-    async def rollout(self, request: RolloutRequest) -> RolloutResponse:
+    async def rollout(self, request: RolloutRequest, answers: list[str] | None = None) -> RolloutResponse:
+        """One rollout. Error answers of attempts before the one that returned go to
+        `answers`: a container that failed a rollout with a reason, then answered the retry
+        from a stored record, keeps its first reason in the evidence."""
         async with (self._gate() if self._gate else nullcontext()):
-            response = await self._call("POST", "/rollout", RolloutResponse, request.model_dump(exclude_none=True))
+            response = await self._call("POST", "rollout", RolloutResponse, request.model_dump(exclude_none=True),
+                                        answers)
+        if response.rollout_id is None:
+            response = response.model_copy(update={"rollout_id": request.rollout_id})
         if response.rollout_id != request.rollout_id:
             raise ContractViolation(
-                f"/rollout: answered rollout_id {response.rollout_id!r} for request {request.rollout_id!r}"
+                f"{self.routes['rollout']}: answered rollout_id {response.rollout_id!r} for request {request.rollout_id!r}"
             )
         return response
 

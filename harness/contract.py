@@ -6,6 +6,7 @@ others; the fields the harness relies on are validated and named in errors.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -43,9 +44,24 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# Status values published containers send: a rollout with one of OK_STATUSES and a reward
+# is a result; anything else (or no reward) is an error row.
+OK_STATUSES = frozenset({"ok", "completed", "complete", "succeeded", "success", "done"})
+HEALTHY_STATUSES = frozenset({"ok", "healthy", "ready", "up", "serving", "true"})
+# metadata.optimizer_contracts.gepa.<name>_route -> the default route it replaces
+DEFAULT_ROUTES = {"health": "/health", "metadata": "/metadata", "program": "/program", "taskset": "/taskset",
+                  "tasks": "/taskset/tasks", "rollout": "/rollout", "task_info": "/task_info"}
+_ROUTE_ALIASES = {"taskset_tasks": "tasks", "info": "task_info"}
+
+
 class HealthResponse(_Open):
-    status: str
+    status: str | bool | None = None
     contract_version: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """A 200 answer is alive unless its status says otherwise."""
+        return self.status is None or str(self.status).lower() in HEALTHY_STATUSES
 
 
 class MetadataResponse(_Open):
@@ -54,19 +70,48 @@ class MetadataResponse(_Open):
     capabilities: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    def _gepa(self) -> dict[str, Any]:
+        contracts = self.metadata.get("optimizer_contracts") or self.model_extra.get("optimizer_contracts") or {}
+        gepa = contracts.get("gepa") if isinstance(contracts, dict) else None
+        return gepa if isinstance(gepa, dict) else {}
+
     @property
     def gepa_contract(self) -> str | None:
-        contracts = self.metadata.get("optimizer_contracts") or {}
-        gepa = contracts.get("gepa") or {}
-        return gepa.get("version")
+        version = self._gepa().get("version")
+        return str(version) if version is not None else None
+
+    def routes(self) -> dict[str, str]:
+        """Routes the container advertises (`<name>_route`), keyed by DEFAULT_ROUTES names."""
+        out: dict[str, str] = {}
+        for key, value in self._gepa().items():
+            if not key.endswith("_route") or not isinstance(value, str) or not value.strip():
+                continue
+            name = key.removesuffix("_route")
+            name = _ROUTE_ALIASES.get(name, name)
+            if name in DEFAULT_ROUTES:
+                out[name] = "/" + value.strip().lstrip("/")
+        return out
 
 
 class ProgramModule(_Open):
     module_id: str
-    role: str
-    content: str
+    role: str = "system"
+    content: str = ""
     mutable: bool = False
     candidate_field: str | None = None
+
+
+class TargetModule(_Open):
+    """A target module as published containers send it: an object, or just its id."""
+
+    module_id: str
+    candidate_field: str | None = None
+    objective: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_id(cls, value: Any) -> Any:
+        return {"module_id": value} if isinstance(value, str) else value
 
 
 class ProgramResponse(_Open):
@@ -75,9 +120,26 @@ class ProgramResponse(_Open):
     modules: list[ProgramModule]
     target_modules: list[str]
     seed_candidate: dict[str, str]
+    # the target modules as sent (objects keep candidate_field/objective); target_modules holds their ids
+    target_specs: list[TargetModule] = Field(default_factory=list, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _targets(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("target_modules"), list):
+            raw = value["target_modules"]
+            # an object without a string module_id is left as is: validation then names `target_modules.<i>`
+            usable = [isinstance(t, str) or (isinstance(t, dict) and isinstance(t.get("module_id"), str)) for t in raw]
+            if all(usable):
+                specs = [TargetModule.model_validate(t) for t in raw]
+                value = {**value, "target_modules": [t.module_id for t in specs], "target_specs": specs}
+        return value
 
     def field_of(self, module_id: str) -> str:
         """The candidate field that carries a module's text."""
+        for spec in self.target_specs:
+            if spec.module_id == module_id and spec.candidate_field:
+                return spec.candidate_field
         for module in self.modules:
             if module.module_id == module_id:
                 return module.candidate_field or module.module_id
@@ -155,19 +217,53 @@ class Usage(_Open):
     completion_tokens: int = 0
     cost_usd: float | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, value: Any) -> Any:
+        # published containers send null counts when the policy reported none
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if not (k in ("prompt_tokens", "completion_tokens") and v is None)}
+        return value
+
 
 class RewardInfo(_Open):
     outcome_reward: float | None = None
     score: float | None = None
+    details: Any = None
 
 
 class SideInfo(_Open):
     feedback: str | None = None
+    # the text the policy saw for this row, for the proposer's reflection
+    inputs: str | None = None
+
+
+_EXPECTED_KEYS = ("expected", "expected_answer", "gold", "label", "target", "answer")
+_PREDICTED_KEYS = ("predicted", "prediction", "predicted_answer", "predicted_label", "output", "response")
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty one-string view of a reason or feedback value (string, or mapping with a message)."""
+    if value is None or value == "" or value == {} or value == []:
+        return None
+    if isinstance(value, dict):
+        for key in ("message", "detail", "reason", "error"):
+            if isinstance(value.get(key), str) and value[key]:
+                return value[key]
+        return json.dumps(value, sort_keys=True, default=str)[:2000]
+    return value if isinstance(value, str) else json.dumps(value, default=str)[:2000]
+
+
+def _first(mapping: dict[str, Any] | None, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if mapping and mapping.get(key) not in (None, ""):
+            return mapping[key]
+    return None
 
 
 class RolloutResponse(_Open):
-    rollout_id: str
-    status: str = "ok"
+    rollout_id: str | None = None  # a container that does not echo it answers the request it was sent
+    status: str | None = None
     reward_info: RewardInfo | None = None
     objective_scores: dict[str, float] | None = None
     usage: Usage = Field(default_factory=Usage)
@@ -175,7 +271,15 @@ class RolloutResponse(_Open):
     actionable_side_info: SideInfo | None = None
     summary: dict[str, Any] | None = None
     reward: float | None = None
-    error: str | None = None
+    error: Any = None
+    status_detail: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_blocks(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("usage") is None:
+            value = {k: v for k, v in value.items() if k != "usage"}
+        return value
 
     def resolved_reward(self) -> float | None:
         """First present of reward_info.outcome_reward, reward_info.score,
@@ -185,20 +289,61 @@ class RolloutResponse(_Open):
                 return float(self.reward_info.outcome_reward)
             if self.reward_info.score is not None:
                 return float(self.reward_info.score)
-        if self.summary and self.summary.get("outcome_reward") is not None:
+        if self.summary and isinstance(self.summary.get("outcome_reward"), (int, float)):
             return float(self.summary["outcome_reward"])
         if self.reward is not None:
             return float(self.reward)
         return None
 
     @property
-    def feedback(self) -> str:
+    def status_ok(self) -> bool:
+        """No status (an older container) or one of the success values."""
+        return self.status is None or self.status.strip().lower() in OK_STATUSES
+
+    def failure_reason(self) -> str | None:
+        """The container's own reason for a failure: `error`, `status_detail`,
+        `summary.status_detail`, `summary.error`, in that order."""
+        summary = self.summary or {}
+        for value in (self.error, self.status_detail, summary.get("status_detail"), summary.get("error")):
+            text = _text(value)
+            if text:
+                return text
+        return None
+
+    def feedback_and_source(self) -> tuple[str, str | None]:
+        """Feedback for reflection and where it came from: `actionable_side_info`,
+        `reward_info.details`, `summary` (expected vs predicted), or `trace`."""
         if self.actionable_side_info and self.actionable_side_info.feedback:
-            return self.actionable_side_info.feedback
-        return ""
+            return self.actionable_side_info.feedback, "actionable_side_info"
+        details = _text(self.reward_info.details) if self.reward_info else None
+        if details:
+            return details, "reward_info.details"
+        expected, predicted = _first(self.summary, _EXPECTED_KEYS), _first(self.summary, _PREDICTED_KEYS)
+        if expected is not None:
+            shown = "(none)" if predicted is None else _text(predicted)
+            return f"Expected: {_text(expected)}\nPredicted: {shown}", "summary"
+        feedback = _first(self.summary, ("feedback", "details"))
+        if feedback is not None:
+            return _text(feedback) or "", "summary"
+        trace_feedback = _first(self.trace, ("feedback",))
+        if trace_feedback is not None:
+            return _text(trace_feedback) or "", "trace"
+        return "", None
+
+    @property
+    def feedback(self) -> str:
+        return self.feedback_and_source()[0]
+
+    @property
+    def inputs(self) -> str | None:
+        if self.actionable_side_info and self.actionable_side_info.inputs:
+            return self.actionable_side_info.inputs
+        value = (self.summary or {}).get("inputs")
+        return value if isinstance(value, str) and value else None
 
     @property
     def output_text(self) -> str:
         if self.trace and isinstance(self.trace.get("output"), str):
             return self.trace["output"]
-        return ""
+        predicted = _first(self.summary, _PREDICTED_KEYS)
+        return predicted if isinstance(predicted, str) else ""

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from harness.client import ContainerClient
-from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, PROGRAM_VERSION, ProgramResponse, TasksetResponse
+from harness.contract import GEPA_OPTIMIZER_CONTRACT, PROGRAM_VERSION, ProgramResponse, TasksetResponse
 from harness.errors import ConfigError, PreflightError, ServiceError
 from harness.specs import RunSpec
 
@@ -39,17 +39,15 @@ async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: li
     check_model_keys(spec)
     name = spec.container.name
     try:
+        # /health's contract_version is informational: containers put their own values there
         health = await client.health()
-        if health.status != "ok":
+        if not health.healthy:
             raise PreflightError(f"container {name}: /health status is {health.status!r}")
-        if health.contract_version and health.contract_version != CONTRACT_VERSION:
-            raise PreflightError(
-                f"container {name}: speaks contract {health.contract_version!r}, this harness speaks {CONTRACT_VERSION!r}")
         metadata = await client.metadata()
-        if metadata.gepa_contract != GEPA_OPTIMIZER_CONTRACT:
-            raise PreflightError(
-                f"container {name}: metadata.optimizer_contracts.gepa.version is {metadata.gepa_contract!r}, "
-                f"expected {GEPA_OPTIMIZER_CONTRACT!r}")
+        problem = optimizer_contract_problem(metadata.gepa_contract)
+        if problem:
+            raise PreflightError(f"container {name}: {problem}")
+        client.use_routes(metadata)
         program = await client.program()
         _check_program(name, program, expected_modules)
         taskset = await client.taskset()
@@ -60,21 +58,41 @@ async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: li
     return PreflightResult(program=program, taskset=taskset, task_info=task_info, rows=rows)
 
 
-def _check_program(name: str, program: ProgramResponse, expected: list[str] | None) -> None:
+def optimizer_contract_problem(version: str | None) -> str | None:
+    """Why a container's metadata.optimizer_contracts.gepa.version rules it out, if it does."""
+    if version is None:
+        return (f"/metadata lacks metadata.optimizer_contracts.gepa.version; a container for this harness "
+                f"declares {GEPA_OPTIMIZER_CONTRACT!r} there")
+    if version != GEPA_OPTIMIZER_CONTRACT:
+        return f"metadata.optimizer_contracts.gepa.version is {version!r}, this harness speaks {GEPA_OPTIMIZER_CONTRACT!r}"
+    return None
+
+
+def program_problems(program: ProgramResponse) -> list[str]:
+    """Every way the program fails the contract, one line each."""
+    problems = []
     if program.version != PROGRAM_VERSION:
-        raise PreflightError(f"container {name}: program version {program.version!r}, expected {PROGRAM_VERSION!r}")
+        problems.append(f"program version {program.version!r}, expected {PROGRAM_VERSION!r}")
     modules = {m.module_id: m for m in program.modules}
     if not program.target_modules:
-        raise PreflightError(f"container {name}: program has no target modules")
+        problems.append("program has no target modules")
     for module_id in program.target_modules:
         module = modules.get(module_id)
         if module is None:
-            raise PreflightError(f"container {name}: target module {module_id!r} is not among the program's modules")
+            problems.append(f"target module {module_id!r} is not among the program's modules")
+            continue
         if not module.mutable:
-            raise PreflightError(f"container {name}: target module {module_id!r} is not mutable")
-        field = module.candidate_field or module_id
+            problems.append(f"target module {module_id!r} is not mutable")
+        field = program.field_of(module_id)
         if field not in program.seed_candidate:
-            raise PreflightError(f"container {name}: seed candidate lacks field {field!r} for module {module_id!r}")
+            problems.append(f"seed candidate lacks field {field!r} for module {module_id!r}")
+    return problems
+
+
+def _check_program(name: str, program: ProgramResponse, expected: list[str] | None) -> None:
+    problems = program_problems(program)
+    if problems:
+        raise PreflightError(f"container {name}: {problems[0]}")
     if expected is not None:
         missing = sorted(set(expected) - set(program.target_modules))
         extra = sorted(set(program.target_modules) - set(expected))

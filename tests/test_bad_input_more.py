@@ -102,13 +102,17 @@ def answers(**routes: Any) -> dict[str, Any]:
 
 
 CASES = {
-    "contract_version": (answers(health={"status": "ok", "contract_version": "gepa_task.v0"}),
-                         "speaks contract 'gepa_task.v0', this harness speaks 'gepa_task.v1'"),
+    # /health's contract_version is informational: the optimizer contract in /metadata decides
+    "no_optimizer_contract": (answers(health={"status": "ok", "contract_version": "2026-05-28"},
+                                      metadata={**METADATA, "metadata": {}}),
+                              "/metadata lacks metadata.optimizer_contracts.gepa.version; a container for this "
+                              "harness declares 'synth_optimizers.gepa.v2' there"),
     "not_healthy": (answers(health={"status": "starting", "contract_version": "gepa_task.v1"}),
                     "/health status is 'starting'"),
     "optimizer_contract": (answers(metadata={**METADATA, "metadata": {"optimizer_contracts": {"gepa": {
         "version": "synth_optimizers.gepa.v1"}}}}),
-        "metadata.optimizer_contracts.gepa.version is 'synth_optimizers.gepa.v1', expected 'synth_optimizers.gepa.v2'"),
+        "metadata.optimizer_contracts.gepa.version is 'synth_optimizers.gepa.v1', this harness speaks "
+        "'synth_optimizers.gepa.v2'"),
     "program_version": (answers(program={**PROGRAM, "version": "prompt_program.v0"}),
                         "program version 'prompt_program.v0', expected 'prompt_program.v1'"),
     "target_not_a_module": (answers(program={**PROGRAM, "target_modules": ["system", "ghost"]}),

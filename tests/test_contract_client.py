@@ -265,8 +265,8 @@ def test_non_json_body_is_a_contract_violation(fake: tuple[FakeContainer, str]) 
     ("/program", {k: v for k, v in PROGRAM.items() if k != "target_modules"}, "target_modules"),
     ("/taskset", {"taskset_id": "fake"}, "splits"),
     ("/taskset", {"taskset_id": "fake", "splits": {"train": "many"}}, "splits.train"),
-    ("/health", {"contract_version": CONTRACT_VERSION}, "status"),
-    ("/rollout", {"status": "ok", "reward": 1.0}, "rollout_id"),
+    ("/program", {**PROGRAM, "target_modules": [{"candidate_field": "system"}]}, "target_modules.0"),
+    ("/rollout", {"rollout_id": "r-1", "usage": {"prompt_tokens": "many"}}, "usage.prompt_tokens"),
 ])
 def test_missing_or_wrong_field_names_route_and_field(fake: tuple[FakeContainer, str], route: str,
                                                       payload: dict[str, Any], field: str) -> None:
@@ -279,6 +279,79 @@ def test_missing_or_wrong_field_names_route_and_field(fake: tuple[FakeContainer,
         else:
             rollout_of(url)
     assert str(caught.value).startswith(f"{route}: malformed response, field '{field}'")
+
+
+def test_published_shapes_are_accepted(fake: tuple[FakeContainer, str]) -> None:
+    """Object target modules, a foreign /health, no rollout_id echo, null token counts."""
+    server, url = fake
+    server.plans["/health"] = [ok({"status": "healthy", "contract_version": "2026-05-28"})]
+    server.plans["/program"] = [ok({**PROGRAM, "target_modules": [
+        {"module_id": "system", "candidate_field": "system", "objective": "accuracy"}]})]
+    server.plans["/rollout"] = [ok({"status": "completed", "reward_info": {"outcome_reward": 0.5},
+                                    "usage": {"prompt_tokens": None, "completion_tokens": None}})]
+    assert call(url, lambda c: c.health()).healthy
+    program = call(url, lambda c: c.program())
+    assert program.target_modules == ["system"] and program.target_specs[0].objective == "accuracy"
+    assert program.field_of("system") == "system"
+    response = rollout_of(url, "r-no-echo")
+    assert response.rollout_id == "r-no-echo" and response.status_ok and response.resolved_reward() == 0.5
+    assert response.usage.prompt_tokens == 0
+
+
+@pytest.mark.parametrize("fields, source, text", [
+    ({"actionable_side_info": {"feedback": "say the label"}, "reward_info": {"details": {"x": 1}}},
+     "actionable_side_info", "say the label"),
+    ({"reward_info": {"outcome_reward": 0.0, "details": "wrong unit"}}, "reward_info.details", "wrong unit"),
+    ({"summary": {"expected": "42", "predicted": "41"}}, "summary", "Expected: 42\nPredicted: 41"),
+    ({"trace": {"feedback": "loop detected"}}, "trace", "loop detected"),
+    ({"reward": 1.0}, None, ""),
+])
+def test_feedback_comes_from_what_the_container_returns(fake: tuple[FakeContainer, str], fields: dict[str, Any],
+                                                       source: str | None, text: str) -> None:
+    server, url = fake
+    server.plans["/rollout"] = [echo(**fields)]
+    assert rollout_of(url).feedback_and_source() == (text, source)
+
+
+def test_error_bodies_keep_their_reason_and_a_401_names_the_key_setting(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/taskset"] = [lambda body: JSONResponse({"detail": "dataset still loading"}, status_code=400)]
+    with pytest.raises(ServiceError, match=r"^GET /taskset failed \(fatal\): HTTP 400: dataset still loading$"):
+        call(url, lambda c: c.taskset())
+    server.plans["/program"] = [status(401)]
+    with pytest.raises(ServiceError, match=r"HTTP 401: scripted 401 \(the container wants a bearer key: set "
+                                           r"container.api_key_env to the variable holding it\)"):
+        call(url, lambda c: c.program())
+
+
+def test_a_retry_keeps_the_first_answer(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/rollout"] = [lambda body: JSONResponse({"detail": "policy overloaded"}, status_code=503),
+                                echo(status="failed", status_detail="stored: policy overloaded")]
+    request = request_for("r-2", {"system": "Answer."}, {"task_id": "train:0"}, "http://127.0.0.1:9/v1")
+    answers: list[str] = []
+    response = call(url, lambda c: c.rollout(request, answers))
+    assert answers == ["HTTP 503: policy overloaded"]
+    assert not response.status_ok and response.failure_reason() == "stored: policy overloaded"
+
+
+def test_advertised_routes_take_precedence(fake: tuple[FakeContainer, str]) -> None:
+    server, url = fake
+    server.plans["/metadata"] = [ok({"metadata": {"optimizer_contracts": {"gepa": {
+        "version": "synth_optimizers.gepa.v2", "program_route": "/api/program", "rollout_route": "api/run",
+        "unknown_route": "/x", "version_route": 3}}}})]
+    server.plans["/api/program"] = [ok(PROGRAM)]
+    server.plans["/api/run"] = [echo(reward=1.0)]
+    request = request_for("r-3", {"system": "Answer."}, {"task_id": "train:0"}, "http://127.0.0.1:9/v1")
+
+    async def drive(client: ContainerClient) -> tuple[Any, Any, dict[str, str]]:
+        advertised = client.use_routes(await client.metadata())
+        return await client.program(), await client.rollout(request), advertised
+
+    program, response, advertised = call(url, drive)
+    assert advertised == {"program": "/api/program", "rollout": "/api/run"}
+    assert program.program_id == "fake" and response.resolved_reward() == 1.0
+    assert server.hits["/program"] == 0 and server.hits["/rollout"] == 0
 
 
 def test_rollout_answered_for_another_id(fake: tuple[FakeContainer, str]) -> None:
