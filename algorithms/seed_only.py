@@ -31,5 +31,7 @@ class SeedOnly:
             results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
         except BudgetExhausted as exhausted:
             return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
-        ctx.report_best(mean_reward(results))
+        score = mean_reward(results)
+        if score is not None:  # every row failed: no score to report
+            ctx.report_best(score)
         return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason="seed_only")

@@ -31,16 +31,25 @@ class Candidate(BaseModel):
 
 
 class RolloutResult(BaseModel):
+    """One rollout. An error row (no reward, a failed status, a transport failure) has
+    reward None and status "error": it is never averaged in as a zero."""
+
     model_config = ConfigDict(frozen=True)
     candidate_id: str
     task_id: str
-    reward: float
-    status: str
+    reward: float | None
+    status: str  # "ok" or "error"
     error: str | None = None
     feedback: str = ""
     output: str = ""
     task: dict | None = None
+    # the text the container says the policy saw for this row (for the proposer's reflection)
+    inputs: str | None = None
+    # where the feedback came from: actionable_side_info, reward_info.details, summary, trace
+    feedback_source: str | None = None
 
 
-def mean_reward(results: list[RolloutResult]) -> float:
-    return sum(r.reward for r in results) / len(results) if results else 0.0
+def mean_reward(results: list[RolloutResult]) -> float | None:
+    """Mean over the rows that have a reward; None when none has."""
+    rewards = [r.reward for r in results if r.reward is not None]
+    return sum(rewards) / len(rewards) if rewards else None

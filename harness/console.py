@@ -53,6 +53,10 @@ def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _n(rows: int | None) -> str:
+    return "" if rows is None else f" (n={rows})"
+
+
 def _share(part: int, whole: int) -> str:
     return f"{part} ({part / whole:.0%})"
 
@@ -62,10 +66,13 @@ def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> N
     if outcome.error:
         # the error text comes from services and models: data, never markup
         console.print(f"[red]error:[/red] {escape(outcome.error)}", markup=True, highlight=False)
-    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)} -> best "
-                  f"{_score(outcome.best_heldout)} ({outcome.best_candidate_id})", highlight=False)
+    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)}{_n(outcome.seed_heldout_n)} -> best "
+                  f"{_score(outcome.best_heldout)}{_n(outcome.best_heldout_n)} ({outcome.best_candidate_id})",
+                  highlight=False)
     cost = "unknown" if outcome.cost_usd is None else f"${outcome.cost_usd:.4f}"
-    console.print(f"rollouts: {outcome.rollouts} optimization + {outcome.heldout_rollouts} heldout; "
+    total = outcome.rollouts + outcome.heldout_rollouts
+    failed = f"{outcome.failed_rollouts} of {total} failed (no reward, left out of every score); " if outcome.failed_rollouts else ""
+    console.print(f"rollouts: {outcome.rollouts} optimization + {outcome.heldout_rollouts} heldout; {failed}"
                   f"tokens: {outcome.tokens}; cost: {cost}; wall: {outcome.wall_s:.1f}s; stop: {outcome.stop_reason}",
                   highlight=False)
     if outcome.proposals:

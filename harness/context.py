@@ -16,6 +16,7 @@ from harness.client import ContainerClient
 from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
 from harness.errors import HarnessError, ServiceError, Unreachable
 from harness.llm import ChatClient, ChatMessage, ChatResult
+from harness.outcome import RolloutOutcome, judge
 from harness.pricing import cost_usd
 from harness.specs import RunSpec
 
@@ -34,7 +35,12 @@ class BudgetExhausted(Exception):
 
 
 class RunFailed(HarnessError):
-    """Too many failed rollouts: the run stops with a clear status."""
+    """Too many failed rollouts (stop reason `error_rate`) or a container lost for good
+    (`container_lost`): the run stops with a clear status."""
+
+    def __init__(self, message: str, stop_reason: str = "container_lost"):
+        super().__init__(message)
+        self.stop_reason = stop_reason
 
 
 @dataclass
@@ -162,7 +168,8 @@ class RunContext:
             self._cache[(candidate.digest, row["task_id"])] = RolloutResult(
                 candidate_id=row["candidate_id"], task_id=row["task_id"], reward=row["reward"], status=row["status"],
                 error=row["error"], feedback=row["feedback"] or "", output=row["output"] or "",
-                task=self._rows.get(row["task_id"]))
+                task=self._rows.get(row["task_id"]), inputs=row.get("inputs"),
+                feedback_source=row.get("feedback_source"))
 
     # ---- time and budget -------------------------------------------------------
 
@@ -316,48 +323,48 @@ class RunContext:
         error = error_kind = None
         prompt_tokens = completion_tokens = 0
         container_cost: float | None = None
-        feedback = output = ""
+        answers: list[str] = []  # error answers of attempts before the last one
         async with self._slots:
             started = time.monotonic()
             try:
-                response = await self._send(request)
+                response = await self._send(request, answers)
             except ServiceError as exc:
                 response = None
-                status, reward, error, error_kind = "error", 0.0, str(exc), exc.kind.value
+                error, error_kind = str(exc), exc.kind.value
             latency = time.monotonic() - started
+        outcome = RolloutOutcome(error=error, error_kind=error_kind) if response is None else judge(response)
+        if outcome.error is not None and answers and answers[0] not in outcome.error:
+            outcome.error += f" (first answer: {answers[0]})"
         if response is not None:
-            resolved = response.resolved_reward()
-            status = response.status if response.status else "ok"
-            if status != "ok" or resolved is None:
-                error = response.error or ("no reward in response" if resolved is None else f"status {status}")
-                status, error_kind = "error", "container"
-            reward = resolved if (resolved is not None and status == "ok") else 0.0
             prompt_tokens, completion_tokens = response.usage.prompt_tokens, response.usage.completion_tokens
             container_cost = response.usage.cost_usd
-            feedback, output = response.feedback, response.output_text
+        status = "ok" if outcome.reward is not None else "error"
         cost = container_cost if container_cost is not None else cost_usd(
             self.policy.provider, self.policy.model, prompt_tokens, completion_tokens)
         self._account(stage, status, prompt_tokens, completion_tokens, cost)
         self.evidence.rollouts.append({
             "run_id": self.run_id, "seq": seq, "rollout_id": rollout_id, "candidate_id": candidate.candidate_id,
-            "task_id": task_id, "split": task_id.split(":", 1)[0], "stage": stage, "reward": reward,
-            "status": status, "error": error, "error_kind": error_kind, "prompt_tokens": prompt_tokens,
+            "task_id": task_id, "split": task_id.split(":", 1)[0], "stage": stage, "reward": outcome.reward,
+            "status": status, "container_status": outcome.container_status, "error": outcome.error,
+            "error_kind": outcome.error_kind, "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens, "cost_usd": cost, "latency_s": latency,
-            "elapsed_s": self.elapsed(), "output": output, "feedback": feedback,
+            "elapsed_s": self.elapsed(), "output": outcome.output, "feedback": outcome.feedback,
+            "feedback_source": outcome.feedback_source, "inputs": outcome.inputs,
         })
-        return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=reward, status=status,
-                             error=error, feedback=feedback, output=output, task=row)
+        return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=outcome.reward,
+                             status=status, error=outcome.error, feedback=outcome.feedback, output=outcome.output,
+                             task=row, inputs=outcome.inputs, feedback_source=outcome.feedback_source)
 
-    async def _send(self, request: RolloutRequest) -> Any:
+    async def _send(self, request: RolloutRequest, answers: list[str]) -> Any:
         """One rollout call. When the container refuses the connection (its process died),
         restart it through the hook and send the same request once more."""
         generation = self._container_generation
         try:
-            return await self.client.rollout(request)
+            return await self.client.rollout(request, answers)
         except Unreachable as exc:
             if not await self._revive_container(generation, str(exc)):
                 raise
-        return await self.client.rollout(request)
+        return await self.client.rollout(request, answers)
 
     def restarted_before_start(self, error: str) -> None:
         """Preflight found the container dead and restarted it: that was this run's restart."""
@@ -376,7 +383,8 @@ class RunContext:
                 return True  # another rollout restarted it while this one waited
             name = self.spec.container.name
             if self._restart_container is None:
-                self._container_lost = f"container {name} stopped answering and cannot be restarted: {error}"
+                self._container_lost = (f"container {name} stopped answering and cannot be restarted (attached "
+                                        f"by url, not started by the harness: start it again, then rerun): {error}")
             elif self._container_restarts >= 1:
                 self._container_lost = f"container {name} stopped answering again after a restart: {error}"
             else:
@@ -408,13 +416,19 @@ class RunContext:
         else:
             usage.cost_usd += cost
 
-    def _check_error_rate(self) -> None:
+    def _check_error_rate(self, final: bool = False) -> None:
+        """Fail the run when more rollouts failed than tolerated: from 10 rollouts on, and
+        at the end of the run (`final`) whatever the count."""
         total = self.usage.rollouts + self.usage.heldout_rollouts
-        if total >= 10 and self.usage.failed_rollouts / total > self.max_error_rate:
+        if total >= (1 if final else 10) and self.usage.failed_rollouts / total > self.max_error_rate:
             last = next((r["error"] for r in reversed(self.evidence.rollouts) if r["error"]), "")
             raise RunFailed(
-                f"{self.usage.failed_rollouts}/{total} rollouts failed (tolerance {self.max_error_rate:.0%}); last error: {last}"
-            )
+                f"{self.usage.failed_rollouts}/{total} rollouts failed (tolerance {self.max_error_rate:.0%}); "
+                f"last error: {last}", stop_reason="error_rate")
+
+    def check_error_rate(self) -> None:
+        """The end-of-run check (see _check_error_rate)."""
+        self._check_error_rate(final=True)
 
     # ---- proposer ----------------------------------------------------------------
 
@@ -484,7 +498,7 @@ class RunContext:
         row = next(r for r in reversed(self.evidence.rollouts) if r["rollout_id"] == rollout_id)
         if row["status"] != "ok":
             self.usage.failed_rollouts -= 1
-        row.update(status="refused", error_kind="budget")
+        row.update(status="refused", error_kind="budget", reward=None)
 
     def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         return cost_usd(self.spec.proposer.provider, self.spec.proposer.model, prompt_tokens, completion_tokens)

@@ -6,6 +6,7 @@ import asyncio
 import platform
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from importlib import metadata as importlib_metadata
 from typing import Any, Awaitable, Callable
 
@@ -30,10 +31,15 @@ VERSIONED_PACKAGES = ("gepa-harness", "pydantic", "httpx", "pyarrow", "polars", 
 
 
 class HeldoutScore(BaseModel):
+    """A candidate's scores; each mean rests on the rows with a reward (`*_n` of them)."""
+
     model_config = ConfigDict(frozen=True)
     candidate_id: str
     pareto_score: float | None
-    heldout_score: float
+    heldout_score: float | None
+    pareto_n: int | None = None
+    heldout_n: int = 0
+    heldout_failed: int = 0
 
 
 class RunOutcome(BaseModel):
@@ -51,6 +57,9 @@ class RunOutcome(BaseModel):
     best_texts: dict[str, str] | None = None
     rollouts: int = 0
     heldout_rollouts: int = 0
+    failed_rollouts: int = 0  # error rows (no reward), not averaged into any score
+    seed_heldout_n: int | None = None  # heldout rows the seed's score rests on
+    best_heldout_n: int | None = None
     tokens: int = 0
     cost_usd: float | None = 0.0
     wall_s: float = 0.0
@@ -74,6 +83,13 @@ def _pareto_score(ctx: RunContext, candidate: Candidate) -> float | None:
     if any(r is None for r in results):
         return None
     return mean_reward([r for r in results if r is not None])
+
+
+def _pareto_n(ctx: RunContext, candidate: Candidate) -> int | None:
+    results = [ctx.cached_result(candidate, t) for t in ctx.pools.pareto]
+    if any(r is None for r in results):
+        return None
+    return sum(r is not None and r.reward is not None for r in results)
 
 
 def heldout_candidates(ctx: RunContext, best_id: str) -> list[Candidate]:
@@ -113,8 +129,10 @@ async def _score_heldout(ctx: RunContext, best_id: str, done: list[HeldoutScore]
                 await checkpoint(scores)
                 last_saved = time.monotonic()
         results = await ctx.evaluate(candidate, task_ids, "heldout")  # every pair is cached by now
+        rewarded = sum(r.reward is not None for r in results)
         scores.append(HeldoutScore(candidate_id=candidate.candidate_id, pareto_score=_pareto_score(ctx, candidate),
-                                   heldout_score=mean_reward(results)))
+                                   heldout_score=mean_reward(results), pareto_n=_pareto_n(ctx, candidate),
+                                   heldout_n=rewarded, heldout_failed=len(results) - rewarded))
     return scores
 
 
@@ -186,8 +204,11 @@ async def execute_run(
             t_heldout = time.monotonic()
             heldout = await _score_heldout(ctx, best_id, [HeldoutScore(**h) for h in restored.heldout]
                                            if restored else [], checkpoint)
+            ctx.check_error_rate()  # a run whose rows mostly failed is not done, however few it had
         except (RunFailed, HarnessError) as exc:
             status, error, t_heldout = "failed", str(exc), time.monotonic()
+            if isinstance(exc, RunFailed):
+                stop_reason = exc.stop_reason
             if restored is None and not timings["optimize_s"]:  # failed while optimizing
                 timings["optimize_s"] = t_heldout - t_opt
             ctx.event("error", str(exc))
@@ -195,7 +216,7 @@ async def execute_run(
         finished = time.monotonic()
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
-               heldout=heldout, started_at=started_at,
+               heldout=heldout, started_at=started_at, logs=endpoints.logs,
                timings={**timings, "wall_s": ctx.elapsed() + timings["preflight_s"],
                         "heldout_s": finished - t_heldout})
         if status == "done":
@@ -213,7 +234,9 @@ async def execute_run(
         seed_heldout=by_id[seed_id].heldout_score if seed_id in by_id else None,
         best_heldout=by_id[best_id].heldout_score if best_id in by_id else None,
         seed_texts=ctx.seed_candidate.texts, best_texts=ctx.candidate(best_id).texts,
-        rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts, tokens=ctx.usage.tokens,
+        rollouts=ctx.usage.rollouts, heldout_rollouts=ctx.usage.heldout_rollouts,
+        failed_rollouts=ctx.usage.failed_rollouts, seed_heldout_n=by_id[seed_id].heldout_n if seed_id in by_id else None,
+        best_heldout_n=by_id[best_id].heldout_n if best_id in by_id else None, tokens=ctx.usage.tokens,
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
         **proposal_counts(ctx.evidence.proposals),
     )
@@ -297,7 +320,7 @@ def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, **fields:
 def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status: str, error: str | None,
                stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
                timings: dict[str, float], model_calls: list[dict[str, Any]] | None = None,
-               gateway_summary: dict[str, Any] | None = None) -> None:
+               gateway_summary: dict[str, Any] | None = None, logs: tuple[str, ...] = ()) -> None:
     evidence = ctx.evidence
     location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
     location.write_table("candidates", evidence.candidates)
@@ -325,10 +348,18 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
             "prompt_check_misses": gateway_summary["prompt_check_misses"] if gateway_summary else None,
         },
         "gateway": gateway_summary,
+        "logs": [path for path in logs if _has_content(path)],  # empty logs are removed when services stop
         "timings": {**timings, "started_at": started_at.isoformat(),
                     "finished_at": datetime.now(timezone.utc).isoformat()},
     }
     location.write_manifest(manifest)
+
+
+def _has_content(path: str) -> bool:
+    try:
+        return Path(path).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def run_sync(spec: RunSpec, endpoints: Endpoints, **kwargs: Any) -> RunOutcome:

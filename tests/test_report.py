@@ -16,6 +16,7 @@ from polars.testing import assert_frame_equal
 
 from benchmarks.report import ReportOptions, SchemaVersionError, compute_report, write_report
 from benchmarks.report import metrics
+from benchmarks.report.markdown import render_markdown
 from harness.evidence.schema import ROLLOUTS, SCHEMA_METADATA_KEY, SCHEMA_VERSION
 from harness.evidence.writer import EvidenceLocation
 from harness.sweep.store import SweepStore
@@ -24,11 +25,11 @@ SWEEP = "golden"
 
 # candidate_id -> (index, rollouts_at_creation, cost_usd_at_creation, elapsed_s_at_creation)
 Candidates = dict[str, tuple[int, int, float, float]]
-# (candidate_id, task_id, stage, reward)
-Rollouts = list[tuple[str, str, str, float]]
+# (candidate_id, task_id, stage, reward); reward None: an error row (status error)
+Rollouts = list[tuple[str, str, str, float | None]]
 
 
-def heldout(candidate: str, rewards: list[float]) -> Rollouts:
+def heldout(candidate: str, rewards: list[float | None]) -> Rollouts:
     return [(candidate, f"test:{i}", "heldout", r) for i, r in enumerate(rewards)]
 
 
@@ -38,7 +39,8 @@ def write_run(root: Path, run_id: str, *, task: str, stack: str, seed: int, cand
     location = EvidenceLocation(str(root), SWEEP, run_id)
     location.write_table("rollouts", [{
         "run_id": run_id, "seq": seq, "rollout_id": f"{run_id}-{cid}-{tid}", "candidate_id": cid, "task_id": tid,
-        "split": tid.split(":")[0], "stage": stage, "reward": reward, "status": "ok", "error": None,
+        "split": tid.split(":")[0], "stage": stage, "reward": reward,
+        "status": "ok" if reward is not None else "error", "error": None if reward is not None else "status failed",
         "error_kind": None, "prompt_tokens": 10, "completion_tokens": 1, "cost_usd": 0.001, "latency_s": 0.1,
         "elapsed_s": float(seq), "output": "", "feedback": ""} for seq, (cid, tid, stage, reward) in enumerate(rollouts)])
     location.write_table("candidates", [{
@@ -120,8 +122,8 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     assert gepa["k"].item() == 3 and gepa["heldout_coverage_mean"].item() == 4.0
     markdown = Path(paths.summary_md).read_text()
     assert "| toy | gepa_ai | missing (0/2 runs, 1 failed) | missing | missing | missing |" in markdown
-    assert "| toy | seed_only (1/2 runs) | 0.500 (n=1) | 2/4 (n=1) | 0/2 (n=1) | 1 (50.0%) |" in markdown
-    assert "| toy | gepa | 0.750 [0.500, 1.000] | 4/4 [4, 4] | 2/2.5 [2, 2] | 1 (50.0%) |" in markdown
+    assert "| toy | seed_only (1/2 runs) | 0.500 (n=1, 4 rows) | 2/4 (n=1) | 0/2 (n=1) | 1 (50.0%) |" in markdown
+    assert "| toy | gepa | 0.750 [0.500, 1.000] (4 rows) | 4/4 [4, 4] | 2/2.5 [2, 2] | 1 (50.0%) |" in markdown
     rows = json.loads(Path(paths.summary_json).read_text())["rows"]
     assert [(r["stack"], r["status"]) for r in rows] == [("gepa", "ok"), ("gepa_ai", "missing"),
                                                           ("seed_only", "partial")]
@@ -129,6 +131,21 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     assert curves.columns == ["stack", "task", "run", "metric", "x_name", "x", "y"]
     g0 = curves.filter((pl.col("run") == "g0") & (pl.col("metric") == "heldout_coverage"))
     assert g0["y"].to_list() == [1.0, 3.0, 4.0]
+
+
+def test_error_rows_are_left_out_of_scores_and_counted(tmp_path: Path) -> None:
+    """A failed rollout has no reward: a score is the mean of the other rows and says how many."""
+    write_run(tmp_path, "e0", task="toy", stack="gepa", seed=0,
+              candidates={"c0": (0, 0, 0.0, 0.0), "c1": (1, 4, 0.0, 1.0), "c2": (2, 8, 0.0, 2.0)},
+              rollouts=heldout("c0", [1, None, 0, None]) + heldout("c1", [None] * 4) + heldout("c2", [0, 0, 1, 0]))
+    SweepStore(str(tmp_path), SWEEP).write_sweep({"grid": [
+        {"run_id": "e0", "container": "toy", "algorithm": "gepa", "seed": "0"}]})
+    frames = compute_report(str(tmp_path / SWEEP), ReportOptions())
+    run = frames.runs.row(0, named=True)
+    # seed 0.5 on 2 rows (not 0.25 on 4); c1 has no score at all and is never the best
+    assert (run["seed_heldout"], run["seed_heldout_n"]) == (0.5, 2.0)
+    assert (run["best_heldout"], run["best_candidate_id"], run["best_heldout_n"]) == (0.5, "c0", 2.0)
+    assert "| toy | gepa | 0.500 (n=1, 2 rows) |" in render_markdown(frames)
 
 
 def test_thresholds_recorded_by_the_sweep_apply_unless_overridden(sweep_dir: Path, tmp_path: Path) -> None:

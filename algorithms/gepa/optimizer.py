@@ -120,7 +120,7 @@ class GepaOptimizer:
         reservation.spend(len(ctx.uncached(parent, minibatch)))
         parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
         parent_score = mean_reward(parent_results)
-        if params.skip_perfect_minibatch and all(r.reward >= 1.0 for r in parent_results):
+        if params.skip_perfect_minibatch and all(r.reward is not None and r.reward >= 1.0 for r in parent_results):
             ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
             return
         module = ctx.target_modules[iteration % len(ctx.target_modules)]
@@ -131,7 +131,8 @@ class GepaOptimizer:
         reservation.spend(len(ctx.uncached(child_candidate, minibatch)))
         child_results = await ctx.evaluate(child_candidate, minibatch, "minibatch")
         child_score = mean_reward(child_results)
-        accepted = child_score > parent_score + params.acceptance_margin
+        # error rows carry no reward: a child with none is rejected, a parent with none is beaten by any
+        accepted = child_score is not None and (parent_score is None or child_score > parent_score + params.acceptance_margin)
         ctx.record_proposal(**proposal_fields, child_id=child_candidate.candidate_id, accepted=accepted,
                             child_minibatch_score=child_score)
         ctx.set_origin(child_candidate.candidate_id, "proposal" if accepted else "rejected")
@@ -146,7 +147,7 @@ class GepaOptimizer:
 
     async def _propose(
         self, ctx: RunContext, parent: Candidate, module: str, results: list[RolloutResult],
-        iteration: int, parent_score: float,
+        iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
         field = ctx.program.field_of(module)
         current = parent.texts[field]

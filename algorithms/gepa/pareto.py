@@ -9,16 +9,18 @@ import random
 class ParetoFrontier:
     def __init__(self, task_ids: tuple[str, ...]):
         self.task_ids = task_ids
-        self.scores: dict[str, list[float]] = {}  # candidate id -> reward per pareto row, in insertion order
+        # candidate id -> reward per pareto row, in insertion order; None: an error row (no reward)
+        self.scores: dict[str, list[float | None]] = {}
 
-    def add(self, candidate_id: str, rewards: list[float]) -> None:
+    def add(self, candidate_id: str, rewards: list[float | None]) -> None:
         if len(rewards) != len(self.task_ids):
             raise ValueError("one reward per pareto row is required")
         self.scores[candidate_id] = list(rewards)
 
     def mean(self, candidate_id: str) -> float:
-        rewards = self.scores[candidate_id]
-        return sum(rewards) / len(rewards)
+        """Mean over the rows with a reward (0.0 when none has one)."""
+        rewards = [r for r in self.scores[candidate_id] if r is not None]
+        return sum(rewards) / len(rewards) if rewards else 0.0
 
     def best(self) -> str:
         """Highest mean on the pareto pool; ties go to the earlier candidate."""
@@ -28,8 +30,8 @@ class ParetoFrontier:
         """For each row, the candidates that reach the row's best reward."""
         rows = []
         for i in range(len(self.task_ids)):
-            top = max(rewards[i] for rewards in self.scores.values())
-            rows.append({c for c, rewards in self.scores.items() if rewards[i] == top})
+            top = max((rewards[i] for rewards in self.scores.values() if rewards[i] is not None), default=None)
+            rows.append({c for c, rewards in self.scores.items() if top is not None and rewards[i] == top})
         return rows
 
     def non_dominated(self) -> dict[str, int]:
@@ -51,5 +53,7 @@ class ParetoFrontier:
     def sample(self, rng: random.Random) -> str:
         """A parent drawn with probability proportional to the rows it leads."""
         counts = self.non_dominated()
+        if not counts:  # no row has a reward yet (every rollout an error row): any candidate
+            return rng.choice(list(self.scores))
         ids = [c for c in self.scores if c in counts]  # insertion order: deterministic
         return rng.choices(ids, weights=[counts[c] for c in ids], k=1)[0]

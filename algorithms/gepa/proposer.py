@@ -85,11 +85,11 @@ def build_messages(
     if task_info:
         parts.append("Task context:\n" + _clip(json.dumps(task_info, ensure_ascii=False, default=str), 1200))
     parts.append(f"<current_instruction>\n{module_text}\n</current_instruction>")
-    ordered = sorted(examples, key=lambda r: r.reward)[:max_examples]
+    ordered = sorted(examples, key=lambda r: (r.reward is not None, r.reward or 0.0))[:max_examples]
     for k, result in enumerate(ordered, 1):
         parts.append(
             f"### Example {k}\nInput:\n{_row_input(result.task)}\nOutput:\n{_clip(result.output, 300) or '(empty)'}\n"
-            f"Reward: {result.reward:g}\nFeedback:\n{_clip(result.feedback, 400) or '(none)'}"
+            f"Reward: {'none (error row)' if result.reward is None else f'{result.reward:g}'}\nFeedback:\n{_clip(result.feedback, 400) or '(none)'}"
         )
     parts.append(_FORMAT_ASK[edit_format])
     return [ChatMessage(role="system", content=PROPOSER_SYSTEM), ChatMessage(role="user", content="\n\n".join(parts))]

@@ -50,7 +50,8 @@ def reflective_record(result: RolloutResult) -> dict[str, str]:
 
 class HarnessAdapter:
     """GEPAAdapter over the run context. The library never sees a rollout the context did
-    not run or serve from its cache; a failed row comes back as reward 0 with its error."""
+    not run or serve from its cache; a failed row (reward None) reaches the library, which
+    needs a float, as 0.0 with its error."""
 
     propose_new_texts = None  # the library's own reflective proposer, with our model behind it
 
@@ -61,7 +62,7 @@ class HarnessAdapter:
         results, spent = self.bridge.evaluate(candidate, [str(t) for t in batch])
         return EvaluationBatch(
             outputs=[r.output for r in results],
-            scores=[float(r.reward) for r in results],
+            scores=[0.0 if r.reward is None else float(r.reward) for r in results],
             trajectories=list(results) if capture_traces else None,
             # the library adds this to its metric-call count for minibatches: the rollouts
             # actually run, so its count follows our budget (cache hits are free for both)

@@ -21,7 +21,7 @@ from harness.evidence.writer import MANIFEST
 SWEEP_JSON = "sweep.json"
 # grid axes with a fixed role in the report; every other axis splits cells
 ROLE_AXES = ("container", "algorithm", "seed")
-ROLLOUT_COLUMNS = ("run_id", "candidate_id", "task_id", "stage", "reward")
+ROLLOUT_COLUMNS = ("run_id", "candidate_id", "task_id", "stage", "reward", "status")
 CANDIDATE_COLUMNS = ("run_id", "candidate_id", "index", "rollouts_at_creation", "cost_usd_at_creation",
                      "elapsed_s_at_creation")
 RUNS_SCHEMA: dict[str, Any] = {
@@ -159,7 +159,9 @@ def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame
                 raise ReportError(f"{path}: missing from a finished run")
             check_parquet_version(path)
         scans.append(pl.scan_parquet([str(p) for p in paths]).select(columns) if paths else _empty(schema, columns))
-    return scans[0], scans[1]
+    # only an "ok" row has a reward: error and refused rows count as rows, never as zeros
+    rollouts = scans[0].with_columns(reward=pl.when(pl.col("status") == "ok").then(pl.col("reward")))
+    return rollouts, scans[1]
 
 
 def rounded(frame: pl.DataFrame) -> pl.DataFrame:

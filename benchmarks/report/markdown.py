@@ -13,13 +13,17 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 
 
-def _with_ci(row: dict[str, Any], metric: str, fmt: Any) -> str:
+def _with_ci(row: dict[str, Any], metric: str, fmt: Any, rows_metric: str | None = None) -> str:
+    """The cell's mean with its CI (or `n=1`); with `rows_metric`, how many rows with a
+    reward the score rests on (mean over runs)."""
     mean = row[f"{metric}_mean"]
     if mean is None:
         return "n/a"
+    rows = row.get(f"{rows_metric}_mean") if rows_metric else None
+    on = "" if rows is None else f"{_num(rows)} rows"
     if row["ci"] == "n=1":
-        return f"{fmt(mean)} (n=1)"
-    return f"{fmt(mean)} [{fmt(row[f'{metric}_lo'])}, {fmt(row[f'{metric}_hi'])}]"
+        return f"{fmt(mean)} (n=1{', ' + on if on else ''})"
+    return f"{fmt(mean)} [{fmt(row[f'{metric}_lo'])}, {fmt(row[f'{metric}_hi'])}]" + (f" ({on})" if on else "")
 
 
 def _coverage(row: dict[str, Any], split: str) -> str:
@@ -53,13 +57,13 @@ def render_markdown(frames: ReportFrames, title: str = "Optimizer comparison") -
             extra.append(name + ["missing"] * 5)
             continue
         main.append(name + [
-            _with_ci(row, "best_heldout", "{:.3f}".format),
+            _with_ci(row, "best_heldout", "{:.3f}".format, "best_heldout_n"),
             _coverage(row, "heldout"),
             _coverage(row, "train"),
             f"{row['pareto_points']} ({row['pareto_share']:.1%})",
         ])
         extra.append(name + [
-            _with_ci(row, "seed_heldout", "{:.3f}".format),
+            _with_ci(row, "seed_heldout", "{:.3f}".format, "seed_heldout_n"),
             _with_ci(row, "lift", "{:+.3f}".format),
             _with_ci(row, "found_rollouts", _num),
             _with_ci(row, "found_cost_usd", "${:.4f}".format),
@@ -79,7 +83,8 @@ def render_markdown(frames: ReportFrames, title: str = "Optimizer comparison") -
         "is the value itself.",
         "- Best heldout: the highest heldout mean reward of any candidate re-scored on heldout; lift = best - "
         "the seed candidate's heldout mean; found at = rollouts, cumulative cost (USD) and elapsed seconds "
-        "when the best candidate was created.",
+        "when the best candidate was created. Failed rollouts have no reward and are left out of every mean "
+        "(never counted as 0); `N rows`: how many heldout rows with a reward the score rests on.",
         f"- Coverage K={k}: distinct rows with reward >= threshold ({thresholds}) solved by any of the first K "
         "heldout-scored candidates in creation order, over the rows of the run's pool (train: rows of the "
         "optimization stages seed/pareto/minibatch/reflection/library).",

@@ -15,8 +15,9 @@ Definitions (the published table's, made exact):
 - train coverage through K: the same over those candidates' optimization rows (stages seed,
   pareto, minibatch, plus reflection and library, the reference arm's stage); denominator: the
   run's distinct task ids in optimization rows of any candidate.
-- best heldout: max over candidates of the heldout mean reward (failed rollouts have reward 0,
-  as in the harness). seed heldout: the seed candidate's heldout mean. lift = best - seed.
+- best heldout: max over candidates of the heldout mean reward over rows with a reward
+  (failed rollouts have none: they are left out, never zeros; ``*_heldout_n`` says how many
+  rows a score rests on). seed heldout: the seed candidate's heldout mean. lift = best - seed.
 - found at: ``rollouts/cost_usd/elapsed_s_at_creation`` of the best candidate (lowest index on
   ties): what the optimizer had spent when it created it.
 - joint Pareto front: points are candidates with (heldout mean up, cost at creation down,
@@ -41,6 +42,7 @@ TRAIN_STAGES = ("seed", "pareto", "minibatch", "reflection", "library")
 RUN_METRICS = (
     "best_heldout", "seed_heldout", "lift", "heldout_coverage", "heldout_rows", "train_coverage", "train_rows",
     "found_rollouts", "found_cost_usd", "found_elapsed_s", "seed_heldout_coverage", "seed_train_coverage",
+    "best_heldout_n", "seed_heldout_n",
 )
 AT_CREATION = {"rollouts": "rollouts_at_creation", "cost_usd": "cost_usd_at_creation",
                "elapsed_s": "elapsed_s_at_creation"}
@@ -63,7 +65,8 @@ def scored_candidates(rollouts: pl.LazyFrame, candidates: pl.LazyFrame) -> pl.La
     """One row per heldout-scored candidate: heldout mean, creation costs and its rank ``k``."""
     heldout = (rollouts.filter(pl.col("stage") == HELDOUT)
                .group_by("run_id", "candidate_id")
-               .agg(heldout_mean=pl.col("reward").fill_null(0.0).mean(), heldout_n=pl.len()))
+               .agg(heldout_mean=pl.col("reward").mean(), heldout_n=pl.col("reward").count().cast(pl.Int64),
+                    heldout_failed=pl.col("reward").null_count().cast(pl.Int64)))
     created = candidates.select("run_id", "candidate_id", "index", *AT_CREATION.values())
     return (heldout.join(created, on=["run_id", "candidate_id"], how="left")
             .with_columns(k=(pl.int_range(pl.len(), dtype=pl.Int64) + 1)
@@ -99,15 +102,16 @@ def coverage_through(curve: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
 
 def run_best(scored: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
     """Best heldout per run, the seed's score, the lift and where the best was found."""
-    order = dict(by=["heldout_mean", "index", "candidate_id"], descending=[True, False, False])
+    order = dict(by=["heldout_mean", "index", "candidate_id"], descending=[True, False, False], nulls_last=True)
     best = scored.group_by("run_id").agg(
         best_heldout=pl.col("heldout_mean").max(),
         best_candidate_id=pl.col("candidate_id").sort_by(**order).first(),
+        best_heldout_n=pl.col("heldout_n").sort_by(**order).first().cast(pl.Float64),
         n_candidates=pl.len().cast(pl.Int64),
         **{f"found_{name}": pl.col(col).sort_by(**order).first() for name, col in AT_CREATION.items()},
     )
     seed = (scored.join(runs.select("run_id", candidate_id="seed_candidate_id"), on=["run_id", "candidate_id"])
-            .select("run_id", seed_heldout="heldout_mean"))
+            .select("run_id", seed_heldout="heldout_mean", seed_heldout_n=pl.col("heldout_n").cast(pl.Float64)))
     return (best.join(seed, on="run_id", how="left")
             .with_columns(lift=pl.col("best_heldout") - pl.col("seed_heldout"),
                           found_rollouts=pl.col("found_rollouts").cast(pl.Float64)))

@@ -18,7 +18,8 @@ ROLLOUTS = pa.schema(
         ("split", pa.string()),
         ("stage", pa.string()),
         ("reward", pa.float64()),
-        ("status", pa.string()),
+        ("status", pa.string()),  # "ok" or "error" (and "refused": never ran); reward is null unless "ok"
+        ("container_status", pa.string()),  # the status value the container sent, as sent
         ("error", pa.string()),
         ("error_kind", pa.string()),
         ("prompt_tokens", pa.int64()),
@@ -28,6 +29,8 @@ ROLLOUTS = pa.schema(
         ("elapsed_s", pa.float64()),
         ("output", pa.string()),
         ("feedback", pa.string()),
+        ("feedback_source", pa.string()),  # actionable_side_info, reward_info.details, summary or trace
+        ("inputs", pa.string()),  # what the container says the policy saw
     ]
 )
 

@@ -40,7 +40,8 @@ def _index_row(spec: RunSpec, status: str, outcome: RunOutcome | None, attempts:
         "axes_json": json.dumps(axes, sort_keys=True), "container": spec.container.name,
         "policy": axes.get("policy", spec.policy.model), "proposer": axes.get("proposer", spec.proposer.model),
         "algorithm": spec.algorithm.name, "seed": spec.seed, "attempts": attempts,
-        "rollouts": outcome.rollouts if outcome else None, "wall_s": outcome.wall_s if outcome else None,
+        "rollouts": outcome.rollouts if outcome else None,
+        "failed_rollouts": outcome.failed_rollouts if outcome else None, "wall_s": outcome.wall_s if outcome else None,
         "seed_heldout": outcome.seed_heldout if outcome else None,
         "best_heldout": outcome.best_heldout if outcome else None,
     }
@@ -51,6 +52,7 @@ def _recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
     table shows every run's results, not blanks for those it skipped."""
     heldout = {h["candidate_id"]: h["heldout_score"] for h in manifest.get("heldout") or []}
     return {"rollouts": (manifest.get("totals") or {}).get("rollouts"),
+            "failed_rollouts": (manifest.get("totals") or {}).get("failed_rollouts"),
             "wall_s": (manifest.get("timings") or {}).get("wall_s"),
             "seed_heldout": heldout.get(manifest.get("seed_candidate_id")),
             "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
@@ -120,7 +122,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         if base.ray.cpus_per_run > cpus:
             raise ConfigError(f"ray.cpus_per_run={base.ray.cpus_per_run} exceeds the cluster's {cpus:g} CPUs: "
                               "no run could ever be scheduled")
-        with Services(log_dir, base.local_server, gateway=base.gateway) as services:
+        with Services(log_dir, base.local_server, gateway=base.gateway, label=sweep.name) as services:
             console.print("starting shared containers and model servers ...", highlight=False)
             endpoints = _start_services(services, todo, rows)
             if len(endpoints) < len(todo):  # a service that cannot start fails its runs, not the sweep
@@ -307,13 +309,16 @@ def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started
 
 def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str, log_dir: Path) -> None:
     table = Table(title="runs")
-    for column in ("run", "status", "container", "algorithm", "proposer", "seed", "heldout seed→best", "error"):
+    for column in ("run", "status", "container", "algorithm", "proposer", "seed", "heldout seed→best", "failed",
+                   "error"):
         table.add_column(column, overflow="fold")
     for row in rows.values():
-        scores = "" if row["best_heldout"] is None else f"{row['seed_heldout'] or 0:.3f}→{row['best_heldout']:.3f}"
+        seed = "n/a" if row["seed_heldout"] is None else f"{row['seed_heldout']:.3f}"
+        scores = "" if row["best_heldout"] is None else f"{seed}→{row['best_heldout']:.3f}"
+        failed = "" if row.get("failed_rollouts") is None else str(row["failed_rollouts"])
         # cells are data (an error may quote a service's body): never rich markup
         cells = (row["run_id"][:8], row["status"], row["container"], row["algorithm"], row["proposer"],
-                 str(row["seed"]), scores, row["error"] or "")
+                 str(row["seed"]), scores, failed, row["error"] or "")
         table.add_row(*(escape(str(cell)) for cell in cells))
     console.print(table)
     console.print(f"runs: {sweep_dir}/<run id>/; index: {sweep_dir}/index.parquet; logs: {log_dir}/",

@@ -28,6 +28,7 @@ INDEX_SCHEMA = pa.schema(
         ("seed", pa.int64()),
         ("attempts", pa.int64()),
         ("rollouts", pa.int64()),
+        ("failed_rollouts", pa.int64()),
         ("wall_s", pa.float64()),
         ("seed_heldout", pa.float64()),
         ("best_heldout", pa.float64()),
