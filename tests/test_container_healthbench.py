@@ -241,7 +241,7 @@ def test_unparseable_and_failing_grader(data_dir: Path, fake: FakeModel) -> None
     with TestClient(build_app(down)) as client:
         failed = client.post("/rollout", json=_body(down, "train:1", fake)).json()
     assert failed["status"] == "error" and "HTTP 503" in failed["error"] and failed["error_kind"] == "transient"
-    assert failed["usage"]["prompt_tokens"] == 11 and failed["reward_info"]["outcome_reward"] == 0.0
+    assert failed["usage"]["prompt_tokens"] == 11 and failed["reward_info"] is None  # no reward: never a zero
 
 
 def test_process_from_config(data_dir: Path, tmp_path: Path, fake: FakeModel, monkeypatch: pytest.MonkeyPatch) -> None:

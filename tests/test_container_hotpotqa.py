@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from benchmarks.containers import hotpotqa
 from benchmarks.containers.hotpotqa import HotpotQA, exact_match, extract_answer, f1_score, normalize_answer
-from benchmarks.containers.kit import build_app
+from benchmarks.containers.kit import build_app, policy_result
 from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import CONTRACT_VERSION, RolloutRequest
@@ -178,15 +178,15 @@ def test_render_and_feedback(container: HotpotQA) -> None:
     user = messages[1].content
     assert user.index("[1] " + row["context"][0][0]) < user.index("Question: " + row["question"])
     assert user.rstrip().endswith("`Answer: <short answer>`.")
-    reward, feedback = container.score(row, "Answer: Paris")
+    reward, feedback = container.score(row, policy_result("Answer: Paris"))
     assert reward == 0.0
     assert f"expected `{row['answer']}`" in feedback and "the answer was `Paris`" in feedback
     for title, _ in row["supporting_facts"]:
         assert title in feedback
-    reward, feedback = container.score(row, f"Answer: {row['answer']}")
+    reward, feedback = container.score(row, policy_result(f"Answer: {row['answer']}"))
     assert reward == 1.0 and feedback.startswith("Correct (F1 1.00, EM 1)") and "Supporting facts" not in feedback
     yes_no = next(r for r in container.splits()["train"] + container.splits()["test"] if r["answer"] in ("yes", "no"))
-    assert "answer exactly yes or no" in container.score(yes_no, "Answer: maybe")[1]
+    assert "answer exactly yes or no" in container.score(yes_no, policy_result("Answer: maybe"))[1]
 
 
 # ---------------------------------------------------------------- the contract, in process and as a process

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from benchmarks.containers.banking77 import Banking77, normalize_label
 from benchmarks.containers.data import DatasetError, dataset_file
 from benchmarks.containers.heart_disease import HeartDisease, normalize_answer
-from benchmarks.containers.kit import build_app, policy_endpoint
+from benchmarks.containers.kit import build_app, policy_endpoint, policy_result
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutResponse
 from harness.processes import ManagedProcess, free_port
 
@@ -116,21 +116,22 @@ def test_banking_normalize(raw: str, expected: str) -> None:
 
 def test_banking_score_and_feedback(banking: Banking77) -> None:
     row = {"text": "where is my card", "label": "card_arrival"}
-    assert banking.score(row, "  card_arrival\n") == (1.0, "Correct: `card_arrival`.")
+    assert banking.score(row, policy_result("  card_arrival\n")) == (1.0, "Correct: `card_arrival`.")
     # exact after trimming: another spelling of the right label scores 0, and says so
     for near_miss in ("Card arrival.", "`card_arrival`", "Intent: card_arrival", "card_arrival\nbecause"):
-        reward, feedback = banking.score(row, near_miss)
+        reward, feedback = banking.score(row, policy_result(near_miss))
         assert reward == 0.0 and feedback.startswith("Wrong format: the intent `card_arrival` is right"), near_miss
-    reward, feedback = banking.score(row, "card_linking")
+    reward, feedback = banking.score(row, policy_result("card_linking"))
     assert reward == 0.0
     assert "expected intent `card_arrival`" in feedback and "`card_linking`" in feedback
     assert "not one of the 77" not in feedback
-    assert "not one of the 77" in banking.score(row, "my card is late")[1]
-    assert "empty" in banking.score(row, "   ")[1]
+    assert "not one of the 77" in banking.score(row, policy_result("my card is late"))[1]
+    assert "empty" in banking.score(row, policy_result("   "))[1]
     # Upstream spells two labels oddly; the exact spelling is the answer.
-    assert banking.score({"text": "x", "label": "reverted_card_payment?"}, "reverted_card_payment?")[0] == 1.0
-    assert banking.score({"text": "x", "label": "reverted_card_payment?"}, "reverted_card_payment")[0] == 0.0
-    assert banking.score({"text": "x", "label": "Refund_not_showing_up"}, "Refund_not_showing_up")[0] == 1.0
+    odd, refund = {"text": "x", "label": "reverted_card_payment?"}, {"text": "x", "label": "Refund_not_showing_up"}
+    assert banking.score(odd, policy_result("reverted_card_payment?"))[0] == 1.0
+    assert banking.score(odd, policy_result("reverted_card_payment"))[0] == 0.0
+    assert banking.score(refund, policy_result("Refund_not_showing_up"))[0] == 1.0
 
 
 def test_banking_render_puts_labels_before_query(banking: Banking77) -> None:
@@ -154,11 +155,11 @@ def test_heart_normalize(raw: str, expected: str) -> None:
 
 def test_heart_score_render(heart: HeartDisease) -> None:
     sick = next(r for r in heart.splits()["train"] if r["target"] == 1 and r["thal"] == 7)
-    assert heart.score(sick, "Yes, likely.")[0] == 1.0
-    reward, feedback = heart.score(sick, "No.")
+    assert heart.score(sick, policy_result("Yes, likely."))[0] == 1.0
+    reward, feedback = heart.score(sick, policy_result("No."))
     assert reward == 0.0 and "expected `yes`" in feedback and "`no`" in feedback
     assert "reversible defect" in feedback
-    assert "must start with 'yes' or 'no'" in heart.score(sick, "Possibly")[1]
+    assert "must start with 'yes' or 'no'" in heart.score(sick, policy_result("Possibly"))[1]
     missing = next(r for r in heart.splits()["train"] + heart.splits()["test"] if r["ca"] is None)
     text = heart.render(heart.program().seed_candidate, missing)[1].content
     assert "Major vessels coloured by fluoroscopy: unknown" in text
@@ -315,7 +316,7 @@ def test_rollout_policy_failure_is_error_row(heart: HeartDisease, fake_model: Fa
         lacking = client.post("/rollout", json=_rollout_body(heart, "test:3", _policy(fake_model)) | {"candidate": {}})
     assert resp.status_code == 200
     body = resp.json()
-    assert body["status"] == "error" and body["reward_info"]["outcome_reward"] == 0.0
+    assert body["status"] == "error" and body["reward_info"] is None  # no reward: never a zero
     assert "HTTP 400" in body["error"] and body["error_kind"] == "fatal"
     assert lacking.status_code == 422 and "system" in lacking.text
 

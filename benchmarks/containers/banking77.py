@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import Row, TaskContainer, serve
+from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve
 from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
 from harness.llm import ChatMessage
 
@@ -108,11 +108,11 @@ class Banking77(TaskContainer):
         user = USER_TEMPLATE.format(labels="\n".join(self.labels()), query=row["text"])
         return [ChatMessage(role="system", content=candidate["stage2_system"]), ChatMessage(role="user", content=user)]
 
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
         """1 for exactly the label after trimming whitespace, else 0. The feedback tells a
         near miss (the right label in another spelling) apart from a wrong label."""
         expected = row["label"]
-        answer = output_text.strip()
+        answer = result.text.strip()
         if answer == expected.strip():
             return 1.0, f"Correct: `{expected}`."
         if not answer:

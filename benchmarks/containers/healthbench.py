@@ -30,6 +30,7 @@ from benchmarks.containers.healthbench_grader import (
     parse_verdict,
 )
 from benchmarks.containers.kit import (
+    PolicyResult,
     Row,
     RolloutEnv,
     TaskContainer,
@@ -192,7 +193,7 @@ class HealthBench(TaskContainer):
         turns = [ChatMessage(role=m["role"], content=m["content"]) for m in row["prompt"]]
         return [ChatMessage(role="system", content=candidate["stage1_system"]), *turns]
 
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
         raise NotImplementedError("healthbench scores in rollout(): the grader is a model call")
 
     def grader_client(self, req: RolloutRequest, env: RolloutEnv) -> tuple[ChatClient, str]:

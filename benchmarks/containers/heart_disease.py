@@ -10,7 +10,7 @@ import string
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import Row, TaskContainer, serve, seeded_split
+from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve, seeded_split
 from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
 from harness.llm import ChatMessage
 
@@ -150,9 +150,9 @@ class HeartDisease(TaskContainer):
         user = USER_TEMPLATE.format(features=describe(row))
         return [ChatMessage(role="system", content=candidate["system"]), ChatMessage(role="user", content=user)]
 
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
         expected = LABELS[int(row["target"])]
-        given = normalize_answer(output_text)
+        given = normalize_answer(result.text)
         meaning = "heart disease present" if expected == "yes" else "no heart disease"
         if given == expected:
             return 1.0, f"Correct: `{expected}` ({meaning})."

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import Row, TaskContainer, serve, seeded_split
+from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve, seeded_split
 from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
 from harness.llm import ChatMessage
 
@@ -183,7 +183,8 @@ class HotpotQA(TaskContainer):
         f1, precision, recall = f1_score(predicted, row["answer"])
         return {"f1": f1, "em": exact_match(predicted, row["answer"]), "precision": precision, "recall": recall}
 
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
+        output_text = result.text
         predicted, found = extract_answer(output_text)
         scores = self.objectives(row, output_text)
         reward = scores[self.reward_name]
@@ -195,6 +196,8 @@ class HotpotQA(TaskContainer):
         parts.append("Supporting paragraphs: " + "; ".join(titles) + ".")
         if not found:
             parts.append("No `Answer:` line was found, so the last line was taken as the answer.")
+            if result.finish_reason == "length":
+                parts.append("The reply was cut off at the token limit before its `Answer:` line; reason briefly.")
         if scores["em"] < 1.0 and scores["f1"] > 0 and scores["precision"] < scores["recall"]:
             parts.append("The answer has extra words; give only the short span.")
         if normalize_answer(row["answer"]) in ("yes", "no") and normalize_answer(predicted) not in ("yes", "no"):

@@ -11,7 +11,7 @@ Run: `python -m benchmarks.containers.instant --port 8124`.
 from __future__ import annotations
 
 from benchmarks.containers.banking77 import Banking77
-from benchmarks.containers.kit import Row, RolloutEnv, serve
+from benchmarks.containers.kit import Row, RolloutEnv, policy_result, serve
 from harness.contract import RewardInfo, RolloutRequest, RolloutResponse, SideInfo, Usage
 from harness.scripted_model import RulesScript
 
@@ -22,7 +22,7 @@ class InstantBanking77(Banking77):
     async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse | None:
         messages = [m.model_dump() for m in self.render(req.candidate, row)]
         answer = RulesScript().reply(messages, "policy")
-        reward, feedback = self.score(row, answer)
+        reward, feedback = self.score(row, policy_result(answer))
         prompt_tokens = sum(len(m["content"].split()) for m in messages)
         return RolloutResponse(
             rollout_id=req.rollout_id, status="ok", reward_info=RewardInfo(outcome_reward=reward),

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sys
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -39,11 +40,20 @@ from harness.contract import (
     role_url,
 )
 from harness.errors import HarnessError, ServiceError
-from harness.llm import ChatClient, ChatMessage
+from harness.llm import ChatClient, ChatMessage, ChatResult
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+# What score() gets: the policy's whole answer (text, finish_reason, prompt/completion tokens, latency).
+PolicyResult = ChatResult
+
+
+def policy_result(text: str, finish_reason: str | None = "stop", prompt_tokens: int = 0,
+                  completion_tokens: int = 0) -> PolicyResult:
+    """A PolicyResult built by hand: for a custom rollout() that scores text, and for tests."""
+    return PolicyResult(text=text, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                        completion_tokens=completion_tokens, latency_s=0.0)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds in-flight requests get after SIGTERM before they are cut off
 
@@ -87,6 +97,7 @@ class TaskContainer(ABC):
     def __init__(self, data_dir: str | None = None) -> None:
         self.data_dir = data_dir
         self._splits: dict[str, list[Row]] | None = None
+        self._seed: dict[str, str] | None = None
 
     @abstractmethod
     def load_splits(self) -> dict[str, list[Row]]:
@@ -99,8 +110,21 @@ class TaskContainer(ABC):
     def render(self, candidate: dict[str, str], row: Row) -> list[ChatMessage]: ...
 
     @abstractmethod
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
-        """(reward, feedback text for reflection)."""
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
+        """(reward, feedback text for reflection). `result.text` is the answer;
+        `result.finish_reason == "length"` means it was cut off at the token limit."""
+
+    def reflection_input(self, row: Row) -> str | None:
+        """What the policy saw for this row, shown to the proposer (sent as
+        `actionable_side_info.inputs`): by default the rendered non-system messages."""
+        messages = self.render(self._seed_texts(), row)
+        text = "\n\n".join(m.content for m in messages if m.role != "system")
+        return text or None
+
+    def _seed_texts(self) -> dict[str, str]:
+        if self._seed is None:
+            self._seed = dict(self.program().seed_candidate)
+        return self._seed
 
     def labels(self) -> list[str] | None:
         return None
@@ -191,14 +215,33 @@ def request_seed(req: RolloutRequest) -> int | None:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def failed_response(req: RolloutRequest, exc: HarnessError, trace: dict[str, Any],
+def failed_response(req: RolloutRequest, exc: Exception, trace: dict[str, Any],
                     usage: Usage | None = None) -> RolloutResponse:
-    """A zero-reward row with the error, so the harness records and counts the failure."""
+    """An error row without a reward, carrying the cause: the harness records and counts the
+    failure and leaves it out of every score. Answered with HTTP 200, so nothing retries it."""
     kind = exc.kind.value if isinstance(exc, ServiceError) else "fatal"
+    message = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
     return RolloutResponse(
-        rollout_id=req.rollout_id, status="error", error=str(exc), error_kind=kind,
-        reward_info=RewardInfo(outcome_reward=0.0), usage=usage or Usage(), trace=trace,
+        rollout_id=req.rollout_id, status="error", error=message, error_kind=kind,
+        usage=usage or Usage(), trace=trace,
     )
+
+
+class _CodeErrors:
+    """Exceptions raised by a container's own code (render, score, rollout): one log line
+    each, the full traceback only the first time a given place raises."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str, int]] = set()
+
+    def log(self, where: str, task_id: str, exc: Exception) -> None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        last = frames[-1] if frames else None
+        key = (type(exc).__name__, last.filename if last else "", last.lineno or 0 if last else 0)
+        log.error("%s raised on %s: %s: %s", where, task_id, type(exc).__name__, exc)
+        if key not in self._seen:
+            self._seen.add(key)
+            log.error("traceback (shown once):\n%s", "".join(traceback.format_exception(exc)))
 
 
 def build_app(
@@ -209,6 +252,7 @@ def build_app(
     if api_key_env and not expected_key:
         log.warning("%s is not set: the container accepts requests without a key", api_key_env)
     program = container.program()
+    code_errors = _CodeErrors()
     required_fields = [m.candidate_field or m.module_id for m in program.modules if m.mutable]
 
     @asynccontextmanager
@@ -296,34 +340,56 @@ def build_app(
             raise HTTPException(422, f"candidate lacks field(s) {missing}")
         row = row_for(req)
         env = RolloutEnv(http=request.app.state.http, policy_key_env=policy_key_env)
+        trace: dict[str, Any] = {"model": req.policy.model}
         try:
-            custom = await container.rollout(req, row, env)
+            done = await run_one(req, row, env, trace)
         except HarnessError as exc:
-            return failed_response(req, exc, {"model": req.policy.model}).model_dump(mode="json")
-        if custom is not None:
-            return custom.model_dump(mode="json")
-        messages = container.render(req.candidate, row)
-        max_tokens = max(req.policy.max_tokens, container.min_policy_tokens)
-        trace: dict[str, Any] = {"messages": [m.model_dump() for m in messages], "output": "", "model": req.policy.model,
-                                 "max_tokens": max_tokens}
-        client = env.policy_client(req)
-        try:
-            result = await client.complete(
-                messages, temperature=req.policy.temperature, max_tokens=max_tokens,
-                seed=request_seed(req),
-            )
-        except HarnessError as exc:
-            return failed_response(req, exc, trace).model_dump(mode="json")
-        reward, feedback = container.score(row, result.text)
-        trace.update(output=result.text, finish_reason=result.finish_reason, latency_s=round(result.latency_s, 4))
-        done = RolloutResponse(
-            rollout_id=req.rollout_id, status="ok",
-            reward_info=RewardInfo(outcome_reward=float(reward)),
-            objective_scores=container.objectives(row, result.text),
-            usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, cost_usd=None),
-            trace=trace, actionable_side_info=SideInfo(feedback=feedback),
-        )
+            done = failed_response(req, exc, trace)
+        except Exception as exc:  # the container's own code: an error row, not a 500 the harness retries
+            if isinstance(exc, HTTPException) or handled(exc):
+                raise  # a deliberate HTTP answer
+            code_errors.log("rollout", req.task_id, exc)
+            done = failed_response(req, exc, trace)
+        if done.actionable_side_info is None or done.actionable_side_info.inputs is None:
+            try:
+                inputs = container.reflection_input(row)
+            except Exception as exc:
+                code_errors.log("reflection_input", req.task_id, exc)
+                inputs = None
+            if inputs:
+                side = done.actionable_side_info or SideInfo()
+                done = done.model_copy(update={"actionable_side_info": side.model_copy(update={"inputs": inputs})})
         return done.model_dump(mode="json")
+
+    def handled(exc: Exception) -> bool:
+        return any(isinstance(key, type) and key is not Exception and isinstance(exc, key)
+                   for key in app.exception_handlers)
+
+    async def run_one(req: RolloutRequest, row: Row, env: RolloutEnv, trace: dict[str, Any]) -> RolloutResponse:
+        custom = await container.rollout(req, row, env)
+        if custom is not None:
+            return custom
+        try:
+            messages = container.render(req.candidate, row)
+        except Exception as exc:
+            code_errors.log("render", req.task_id, exc)
+            return failed_response(req, exc, trace)
+        max_tokens = max(req.policy.max_tokens, container.min_policy_tokens)
+        trace.update(messages=[m.model_dump() for m in messages], output="", max_tokens=max_tokens)
+        result = await env.policy_client(req).complete(
+            messages, temperature=req.policy.temperature, max_tokens=max_tokens, seed=request_seed(req))
+        trace.update(output=result.text, finish_reason=result.finish_reason, latency_s=round(result.latency_s, 4))
+        usage = Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, cost_usd=None)
+        try:
+            reward, feedback = container.score(row, result)
+            objectives = container.objectives(row, result.text)
+        except Exception as exc:  # the paid policy call is done: keep its usage on the error row
+            code_errors.log("score", req.task_id, exc)
+            return failed_response(req, exc, trace, usage)
+        return RolloutResponse(
+            rollout_id=req.rollout_id, status="ok", reward_info=RewardInfo(outcome_reward=float(reward)),
+            objective_scores=objectives, usage=usage, trace=trace, actionable_side_info=SideInfo(feedback=feedback),
+        )
 
     container.extend_app(app)
     return app

@@ -37,7 +37,9 @@ const USER_TEMPLATE = "Customer message:\n{text}\n\nAvailable intents: {labels}\
 // ---------------------------------------------------------------- options
 
 function parseArgs(argv) {
-  const opts = { host: "127.0.0.1", port: null, dataDir: process.env.HARNESS_DATA_DIR || null,
+  // $PORT/$HOST (as many hosted containers read them) unless --port/--host say otherwise
+  const opts = { host: process.env.HOST || "127.0.0.1", port: process.env.PORT || null,
+                 dataDir: process.env.HARNESS_DATA_DIR || null,
                  apiKeyEnv: null, policyKeyEnv: null };
   const names = { "--host": "host", "--port": "port", "--data-dir": "dataDir",
                   "--api-key-env": "apiKeyEnv", "--policy-key-env": "policyKeyEnv" };
@@ -275,15 +277,18 @@ async function rollout(body, taskset, opts) {
   try {
     result = await callPolicy(body.policy, messages, seed, opts.policyKeyEnv);
   } catch (err) {
-    // A zero-reward row carrying the error: the harness records and counts the failure.
+    // An error row without a reward, carrying the cause: the harness counts the failure and
+    // leaves it out of every score (a missing reward is never a zero).
     return { rollout_id: body.rollout_id, status: "error", error: err.message, error_kind: err.kind || "fatal",
-             reward_info: { outcome_reward: 0.0 }, usage: { prompt_tokens: 0, completion_tokens: 0, cost_usd: null }, trace };
+             usage: { prompt_tokens: 0, completion_tokens: 0, cost_usd: null }, trace };
   }
   const [reward, feedback] = score(row, result.text, taskset.labels);
   Object.assign(trace, { output: result.text, finish_reason: result.finishReason, latency_s: result.latency });
+  // `inputs`: what the policy saw (the non-system messages), shown to the proposer
+  const inputs = messages.filter((m) => m.role !== "system").map((m) => m.content).join("\n\n");
   return { rollout_id: body.rollout_id, status: "ok", reward_info: { outcome_reward: reward },
            usage: { prompt_tokens: result.promptTokens, completion_tokens: result.completionTokens, cost_usd: null },
-           trace, actionable_side_info: { feedback } };
+           trace, actionable_side_info: { feedback, inputs } };
 }
 
 function authorized(req, expectedKey) {

@@ -13,7 +13,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from benchmarks.containers.kit import Row, RolloutEnv, TaskContainer, failed_response, policy_endpoint, request_seed
+from benchmarks.containers.kit import (
+    PolicyResult,
+    Row,
+    RolloutEnv,
+    TaskContainer,
+    failed_response,
+    policy_endpoint,
+    request_seed,
+)
 from benchmarks.containers.tau2_retail.chat import ToolChatClient
 from benchmarks.containers.tau2_retail.data import RetailData
 from benchmarks.containers.tau2_retail.episode import (
@@ -115,7 +123,14 @@ class Tau2Retail(TaskContainer):
     def render(self, candidate: dict[str, str], row: Row) -> list[ChatMessage]:
         return [ChatMessage(role="system", content=agent_system_prompt(candidate["domain_policy"]))]
 
-    def score(self, row: Row, output_text: str) -> tuple[float, str]:
+    def reflection_input(self, row: Row) -> str | None:
+        """The customer's request: the agent meets it only through the simulated user."""
+        instructions = (row.get("user_scenario") or {}).get("instructions")
+        if isinstance(instructions, dict):
+            instructions = instructions.get("reason_for_call")
+        return f"Customer's request: {instructions}" if isinstance(instructions, str) and instructions else None
+
+    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
         raise NotImplementedError("tau2_retail scores a whole episode in rollout()")
 
     async def gold_state(self, row: Row) -> GoldState:
