@@ -322,6 +322,10 @@ class LocalModelServer:
         )
         self._proc.start()
 
+    @property
+    def log_path(self) -> Path | None:
+        return self._proc.log_path if self._proc is not None else None
+
     def alive(self) -> bool:
         return self._proc is not None and self._proc.alive()
 

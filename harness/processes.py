@@ -134,6 +134,21 @@ class ManagedProcess(ServiceHandle):
 
     def stop(self, grace_s: float = 5.0) -> None:
         proc, self._proc = self._proc, None
+        try:
+            self._stop(proc, grace_s)
+        finally:
+            self._drop_empty_log()
+
+    def _drop_empty_log(self) -> None:
+        """A service that never wrote a line leaves no empty log file behind."""
+        try:
+            if self.log_path.stat().st_size == 0:
+                self.log_path.unlink()
+        except OSError:
+            pass
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen | None, grace_s: float) -> None:
         if proc is None or proc.poll() is not None:
             return
         try:

@@ -498,6 +498,10 @@ class ScriptedModelServer(_Running):
     def start(self) -> None:
         self._proc.start()
 
+    @property
+    def log_path(self) -> Path:
+        return self._proc.log_path
+
     def stop(self) -> None:
         self._proc.stop()
         self._tmp.cleanup()

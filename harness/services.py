@@ -29,6 +29,8 @@ class Endpoints(BaseModel):
     gateway_url: str | None = None
     policy_upstream: str | None = None
     proposer_upstream: str | None = None
+    # log files of the services this run uses (listed in its manifest)
+    logs: tuple[str, ...] = ()
 
 
 class LocalServerOptions(BaseModel):
@@ -43,8 +45,9 @@ class Services:
     """Starts what runs need, once, keyed by what identifies the service; stops all on close."""
 
     def __init__(self, log_dir: Path, local_server: LocalServerOptions | None = None, max_restarts: int = 3,
-                 gateway: GatewaySettings | None = None):
+                 gateway: GatewaySettings | None = None, label: str | None = None):
         self.log_dir = log_dir
+        # names container logs (`<label>-container-<name>.log`): a run id for one run, a sweep name
         # None or disabled: containers and the proposer call the model endpoints directly
         self.gateway = GatewayService(gateway, log_dir) if gateway is not None and gateway.enabled else None
         self._secret_env: set[str] = set()  # key variables that containers do not inherit
@@ -55,29 +58,47 @@ class Services:
         self._models: dict[tuple, tuple[object | None, str]] = {}
         self._restarts: dict[str, int] = {}
         self._restart_lock = threading.Lock()
+        self.label = label
 
     def container_url(self, spec: ContainerSpec) -> str:
-        key = (spec.name, tuple(spec.command or ()), spec.url, spec.data_dir, spec.api_key_env, spec.policy_key_env)
+        key = (spec.name, tuple(spec.command or ()), spec.url, spec.data_dir, spec.api_key_env, spec.policy_key_env,
+               spec.port_via)
         if key not in self._containers:
             self._containers[key] = self._start_container(spec)
         return self._containers[key][1]
+
+    def logs_for(self, *urls: str) -> tuple[str, ...]:
+        """Log files of the started services answering at `urls` (attached ones have none)."""
+        found = [str(p.log_path) for p, u in self._containers.values() if p is not None and u in urls]
+        for server, url in self._models.values():
+            log_path = getattr(server, "log_path", None)
+            if log_path is not None and url in urls:
+                found.append(str(log_path))
+        return tuple(found)
 
     def _start_container(self, spec: ContainerSpec) -> tuple[ManagedProcess | None, str]:
         if not spec.command:
             return None, (spec.url or "").rstrip("/")
         port = free_port()
+        # `python` means this harness's interpreter, so a container runs with the harness's packages
         command = [sys.executable if part == "python" else part for part in spec.command]
-        command += ["--host", "127.0.0.1", "--port", str(port)]
-        if spec.data_dir:
-            command += ["--data-dir", spec.data_dir]
-        if spec.api_key_env:
-            command += ["--api-key-env", spec.api_key_env]
-        if spec.policy_key_env:
-            command += ["--policy-key-env", spec.policy_key_env]
+        if spec.port_via == "args":
+            command += ["--host", "127.0.0.1", "--port", str(port)]
+            if spec.data_dir:
+                command += ["--data-dir", spec.data_dir]
+            if spec.api_key_env:
+                command += ["--api-key-env", spec.api_key_env]
+            if spec.policy_key_env:
+                command += ["--policy-key-env", spec.policy_key_env]
+        env = {"PORT": str(port), "HOST": "127.0.0.1", **({"HARNESS_DATA_DIR": spec.data_dir} if spec.data_dir else {})}
         url = f"http://127.0.0.1:{port}"
+        name = f"{self.label}-container-{spec.name}" if self.label else f"container-{spec.name}"
+        log_path = self.log_dir / f"{name}.log"
+        if any(p is not None and p.log_path == log_path for p, _ in self._containers.values()):
+            log_path = self.log_dir / f"{name}-{port}.log"  # another instance (other options) of the same container
         process = ManagedProcess(
-            f"container {spec.name}", command, health_url=f"{url}/health",
-            log_path=self.log_dir / f"container-{spec.name}-{port}.log", startup_timeout_s=spec.startup_timeout_s,
+            f"container {spec.name}", command, health_url=f"{url}/health", env=env,
+            log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
             unset_env=frozenset(self._secret_env - {spec.api_key_env} - set(command)),
         )
         process.start()
@@ -108,8 +129,11 @@ class Services:
         """Restarts so far, per container url."""
         return dict(self._restarts)
 
-    def restarter(self, url: str) -> Callable[[], Awaitable[None]]:
-        """The hook a run in this process calls when its container stops answering."""
+    def restarter(self, url: str) -> Callable[[], Awaitable[None]] | None:
+        """The hook a run in this process calls when its container stops answering; None
+        for a container attached by url, which the harness cannot start again."""
+        if not any(p is not None and u == url for p, u in self._containers.values()):
+            return None
 
         async def restart() -> None:
             # on this thread, not a worker thread: a child's parent-death signal fires when the
@@ -153,8 +177,8 @@ class Services:
         if container.command and policy.api_key_env and not container.policy_key_env:
             # a container we start calls the policy itself: hand it the name of the policy's key variable
             container = container.model_copy(update={"policy_key_env": policy.api_key_env})
-        return Endpoints(container_url=self.container_url(container), policy_url=self.model_url(policy),
-                         proposer_url=self.model_url(proposer))
+        urls = (self.container_url(container), self.model_url(policy), self.model_url(proposer))
+        return Endpoints(container_url=urls[0], policy_url=urls[1], proposer_url=urls[2], logs=self.logs_for(*urls))
 
     def _gateway_endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
         """Every model call through the gateway, which holds the keys: the container gets
@@ -167,7 +191,8 @@ class Services:
         proposer_upstream, proposer_url = self.gateway.route(proposer, self.model_url(proposer))
         return Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url,
                          gateway_url=self.gateway.url, policy_upstream=policy_upstream,
-                         proposer_upstream=proposer_upstream)
+                         proposer_upstream=proposer_upstream,
+                         logs=self.logs_for(container_url, policy_upstream, proposer_upstream))
 
     def close(self) -> None:
         for process, _ in self._containers.values():

@@ -51,6 +51,10 @@ class ContainerSpec(Spec):
     data_dir: str | None = None
     # when set, the container must advertise exactly these target modules
     target_modules: list[str] | None = None
+    # how a started container learns its port: `args` appends --host/--port (and --data-dir,
+    # --api-key-env, --policy-key-env); `env` appends nothing and relies on $PORT/$HOST
+    # ($HARNESS_DATA_DIR for data), which the harness sets either way
+    port_via: Literal["args", "env"] = "args"
     startup_timeout_s: float = Field(default=60.0, gt=0)
     request_timeout_s: float = Field(default=180.0, gt=0)
     # the report counts a row as solved (coverage) at reward >= this; None: 1.0 (exact match)

@@ -66,8 +66,8 @@ def check_rows_exactly_once(run_dir: Path | str) -> dict[str, Any]:
     assert len(rollouts) == totals["rollouts"] + totals["heldout_rollouts"]
     assert sum(r["status"] != "ok" for r in rollouts) == totals["failed_rollouts"]
     for row in rollouts:
-        if row["status"] != "ok":  # a failed rollout: recorded with its error, reward 0 for selection
-            assert row["error"] and row["error_kind"] and row["reward"] == 0.0, row
+        if row["status"] != "ok":  # a failed rollout: recorded with its error and no reward (never a zero)
+            assert row["error"] and row["error_kind"] and row["reward"] is None, row
     return out
 
 
@@ -80,11 +80,10 @@ def count_kinds(faults: list[dict[str, str]]) -> Counter[str]:
     return Counter(f["kind"] for f in faults)
 
 
-def container_log(log_dir: Path, url: str) -> Path:
+def container_log(services: Any, url: str) -> Path:
     """The log file Services writes for the container it started at `url`."""
-    port = url.rsplit(":", 1)[1]
-    (path,) = log_dir.glob(f"container-*-{port}.log")
-    return path
+    (path,) = services.logs_for(url)
+    return Path(path)
 
 
 def text_of(path: Path) -> str:

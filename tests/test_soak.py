@@ -100,7 +100,7 @@ def test_soak_fifty_runs_with_five_percent_faults(tmp_path: Path, data_dir: Path
 
     # each injected container fault: retried kinds survived as ok rows, the others are failed rows
     logs = sweep_dir / "logs"
-    container_log = "".join(p.read_text(errors="replace") for p in logs.glob("container-chaos_soak-*.log"))
+    container_log = "".join(p.read_text(errors="replace") for p in logs.glob("*container-chaos_soak*.log"))
     faults = injected_faults(container_log)
     survived: Counter[str] = Counter()
     for fault in faults:

@@ -104,8 +104,10 @@ class RunWorker:
     def run(self, spec_json: str, endpoints_json: str, limiter: Any, board: Any, log_dir: str,
             max_error_rate: float, holder: str | None = None) -> str:
         spec = RunSpec.model_validate_json(spec_json)
+        run_log = Path(log_dir) / f"{spec.run_id}.log"
         endpoints = Endpoints.model_validate_json(endpoints_json)
-        logger = _run_logger(Path(log_dir) / f"{spec.run_id}.log")
+        endpoints = endpoints.model_copy(update={"logs": (str(run_log), *endpoints.logs)})
+        logger = _run_logger(run_log)
         logger.info("run %s start: axes %s, worker pid %d", spec.run_id, spec.axes, os.getpid())
         last = [0.0, ""]
 
