@@ -35,7 +35,7 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
                   f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
                   highlight=False)
-    with Services(log_dir, config.local_server, gateway=config.gateway) as services:
+    with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
         console.print("starting container and model servers ...", highlight=False)
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
         with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts,
@@ -106,6 +106,11 @@ def main(cfg: DictConfig) -> None:
 
 def entry() -> None:
     from harness.compose_check import composition_error
+
+    if sys.argv[1:2] == ["doctor"]:  # not a Hydra run: checks one container and exits
+        from harness.doctor import main as doctor
+
+        sys.exit(doctor(sys.argv[2:]))
 
     problem = composition_error(sys.argv[1:], CONFIG_DIR)
     if problem is not None:
