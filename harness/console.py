@@ -80,5 +80,7 @@ def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> N
                       f"from their parent, {_share(outcome.proposals_accepted, outcome.proposals)} accepted",
                       highlight=False)
     console.print(f"evidence: {outcome.evidence_dir}", highlight=False)
+    if outcome.logs:
+        console.print(f"logs: {', '.join(outcome.logs)}", highlight=False, soft_wrap=True)
     if outcome.seed_texts is not None and outcome.best_texts is not None:
         console.print(prompt_diff(outcome.seed_texts, outcome.best_texts), highlight=False, markup=False)

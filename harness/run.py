@@ -66,6 +66,7 @@ class RunOutcome(BaseModel):
     proposals: int = 0
     proposals_changed: int = 0  # the proposed text differs from the parent's
     proposals_accepted: int = 0
+    logs: tuple[str, ...] = ()  # the run's service logs that have content
 
 
 def package_versions() -> dict[str, str]:
@@ -238,7 +239,7 @@ async def execute_run(
         failed_rollouts=ctx.usage.failed_rollouts, seed_heldout_n=by_id[seed_id].heldout_n if seed_id in by_id else None,
         best_heldout_n=by_id[best_id].heldout_n if best_id in by_id else None, tokens=ctx.usage.tokens,
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
-        **proposal_counts(ctx.evidence.proposals),
+        **proposal_counts(ctx.evidence.proposals), logs=tuple(p for p in endpoints.logs if _has_content(p)),
     )
 
 

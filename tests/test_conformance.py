@@ -17,7 +17,7 @@ from harness.run import execute_run
 from harness.services import Endpoints, Services
 from harness.specs import ContainerSpec
 
-from conftest import make_run_spec, read_evidence
+from conftest import make_run_spec, read_evidence, run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHAPES = ("objects", "fallback", "failing", "routes")
@@ -95,3 +95,20 @@ def test_a_run_failing_on_its_error_rate_says_so(tmp_path, scripted_policy) -> N
     assert (manifest["stop_reason"], manifest["totals"]["failed_rollouts"]) == ("error_rate", 4)
     logs = manifest["logs"]
     assert len(logs) == 1 and Path(logs[0]).name == "container-fixture_python_failing.log"
+
+
+def test_the_cli_run_summary_says_what_failed(tmp_path) -> None:
+    """`python -m harness` on the failing fixture, past a 30% tolerance: exit 1, the failed
+    count, the stop reason and the container's log in the summary."""
+    evidence = tmp_path / "evidence"
+    result = run_cli(
+        "models=scripted", "algorithm=seed_only", "container.name=fixture",
+        "container.command=['python','tests/fixtures/contract_container.py','--shape','failing']",
+        "+container.port_via=env", "container.target_modules=[instruction]", f"evidence_root={evidence}",
+        "max_error_rate=0.3", "pools.train.count=2", "pools.pareto.start=2", "pools.pareto.count=4",
+        "pools.heldout.count=4", timeout=240)
+    assert result.returncode == 1, result.stdout[-3000:]
+    out = " ".join(result.stdout.split())  # the console wraps at 80 columns
+    assert "4 of 8 failed (no reward, left out of every score)" in out and "stop: error_rate" in out
+    (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
+    assert f"logs: {evidence}/local/logs/{run_dir.name}-container-fixture.log" in out
