@@ -258,7 +258,7 @@ def main(argv: list[str]) -> int:
             ScriptedModelServer(script="rules", log_dir=Path(tmp)) as model:
         try:
             if first.startswith(("http://", "https://")):
-                url, key_env, name, timeout = first, args.api_key_env, first, 120.0
+                url, key_env, name, timeout = first, args.api_key_env, None, 120.0
                 services = None
             else:
                 spec = _container_spec(args.target)
@@ -269,7 +269,7 @@ def main(argv: list[str]) -> int:
             print(f"ERROR (start): {exc}")
             return 1
         try:
-            print(f"doctor: {name} at {url}", flush=True)
+            print(f"doctor: {name} at {url}" if name else f"doctor: {url}", flush=True)
             findings = asyncio.run(diagnose(url, model.base_url, key_env, timeout))
         finally:
             if services is not None:
