@@ -1,6 +1,7 @@
 """Our GEPA against the real banking77 container, with the scripted model as policy and
 proposer (`rules`, or `queue` for exact control of every proposal), through
-harness.run.execute_run; plus unit tests of the Pareto frontier and the reply parser."""
+harness.run.execute_run; plus unit tests of the Pareto frontier (the proposer's edits and
+screen are in test_gepa_proposer.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import polars as pl
 import pytest
 
 from algorithms.gepa.pareto import ParetoFrontier
-from algorithms.gepa.proposer import apply_reply
 from conftest import container_spec, execute, make_run_spec, read_evidence
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
@@ -23,7 +23,8 @@ from harness.evidence.schema import TIMING_COLUMNS
 from harness.scripted_model import ScriptedModelThread
 
 HELDOUT = ["test:0", "test:1", "test:2"]
-EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposer_max_tokens": 4000}
+EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposal_samples": 1,
+         "proposer_max_tokens": 4000}
 
 # ---------------------------------------------------------------- Pareto frontier (unit)
 
@@ -71,48 +72,6 @@ def test_best_is_highest_mean_and_ties_go_to_the_earlier() -> None:
 def test_add_needs_one_reward_per_row() -> None:
     with pytest.raises(ValueError, match="one reward per pareto row"):
         frontier(a=[1, 0]).add("b", [1.0])
-
-
-# ---------------------------------------------------------------- reply parsing (unit)
-
-SEED = "Classify the message.\nReply with the label only."
-
-
-@pytest.mark.parametrize("reply, text, state", [
-    ("```\nNew instruction.\n```", "New instruction.", "changed"),
-    ("Sure! Here it is:\n```text\nNew instruction.\nLine two.\n```\nGood luck.", "New instruction.\nLine two.", "changed"),
-    ("  New instruction, no fence.  ", "New instruction, no fence.", "changed"),
-    (f"```\n{SEED}\n```", SEED, "unchanged"),
-    (f"\n{SEED}\n\n", SEED, "unchanged"),
-])
-def test_rewrite_takes_the_fenced_block_or_the_whole_reply(reply: str, text: str, state: str) -> None:
-    proposal = apply_reply(SEED, reply, "rewrite")
-    assert (proposal.text, proposal.status) == (text, state)
-
-
-@pytest.mark.parametrize("reply", ["", "   \n ", "```\n```"])
-def test_empty_reply_keeps_the_module(reply: str) -> None:
-    for edit_format in ("rewrite", "rules", "answer_guide"):
-        proposal = apply_reply(SEED, reply, edit_format)
-        assert proposal.text == SEED and proposal.status in ("empty", "unchanged")
-    assert apply_reply(SEED, "", "rules").status == "empty"
-
-
-def test_rules_append_new_list_lines_under_one_heading() -> None:
-    reply = "Here are rules:\n```\n- If refund, answer: refund\n* If card, answer: card\n1. If pin, answer: pin\nprose\n```"
-    first = apply_reply(SEED, reply, "rules")
-    assert first.status == "changed"
-    assert first.text == (f"{SEED}\n\nRules learned from mistakes:\n- If refund, answer: refund\n"
-                          "- If card, answer: card\n- If pin, answer: pin")
-    # a second edit adds only lines not already present, under the same heading
-    second = apply_reply(first.text, "- If card, answer: card\n- If cash, answer: cash\n- if CASH, answer: cash", "rules")
-    assert second.text == first.text + "\n- If cash, answer: cash" and second.text.count("Rules learned") == 1
-    assert apply_reply(second.text, "- If card, answer: card", "rules").status == "unchanged"
-    assert apply_reply(SEED, "no list lines at all", "answer_guide").status == "unchanged"
-    guide = apply_reply(SEED, "- refund: money back", "answer_guide")
-    assert guide.text.endswith("Answer guide:\n- refund: money back")
-    many = apply_reply(SEED, "\n".join(f"- rule number {i}" for i in range(20)), "rules", max_new_lines=3)
-    assert many.text.count("- rule number") == 3
 
 
 # ---------------------------------------------------------------- runs against banking77
