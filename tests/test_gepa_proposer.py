@@ -12,7 +12,7 @@ import pytest
 from algorithms.gepa.edits import LearnedModule, named_labels, union
 from algorithms.gepa.optimizer import GepaParams, MinibatchSampler
 from algorithms.gepa.proposer import build_messages, task_context
-from algorithms.gepa.reflect import EditSettings, Proposal, apply, choose_format
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format
 from harness.candidates import RolloutResult
 from harness.llm import ChatResult
 
@@ -215,3 +215,13 @@ def test_minibatches_cover_every_train_row_once_per_epoch() -> None:
     counts = Counter(row for _ in range(50) for row in sampler.next(3))
     assert set(counts) == set(rows) and max(counts.values()) - min(counts.values()) <= 1
     assert all(len(set(batch)) == len(batch) for batch in (sampler.next(4) for _ in range(20)))
+
+
+def test_each_module_gets_every_edit_format() -> None:
+    rotation = Rotation(["system", "user"])
+    formats = ("rules", "answer_guide")
+    seen: dict[str, set[str]] = {"system": set(), "user": set()}
+    for iteration in range(8):
+        module, turn = rotation.next(iteration)
+        seen[module].add(choose_format(SEED, formats, turn, SETTINGS))
+    assert seen == {"system": set(formats), "user": set(formats)}

@@ -22,7 +22,7 @@ from algorithms.gepa.edits import LearnedModule, union
 from algorithms.gepa.loop import LoopState, Reservation, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
-from algorithms.gepa.reflect import EditSettings, Proposal, apply, choose_format, request
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
 from algorithms.protocol import OptimizerResult
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.context import BudgetExhausted, RunContext
@@ -103,7 +103,7 @@ class GepaOptimizer:
         frontier.add(seed.candidate_id, [r.reward for r in seed_results])
         ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
         self._proposer_errors = 0
-        self._turns: dict[str, int] = {}  # proposals made per module: the module's format rotation
+        self._rotation = Rotation(ctx.target_modules)
         self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
         loop = LoopState()
         workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
@@ -167,8 +167,8 @@ class GepaOptimizer:
                                                       for r in parent_results):
             ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
             return
-        module = ctx.target_modules[iteration % len(ctx.target_modules)]
-        child = await self._propose(ctx, parent, module, parent_results, iteration, parent_score)
+        module, turn = self._rotation.next(iteration)
+        child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, loop, [parent_score], "proposal")
 
@@ -256,7 +256,7 @@ class GepaOptimizer:
     # ---- reflection ---------------------------------------------------------------------
 
     async def _propose(
-        self, ctx: RunContext, parent: Candidate, module: str, results: list[RolloutResult],
+        self, ctx: RunContext, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
         iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
         params = self.params
@@ -270,8 +270,6 @@ class GepaOptimizer:
         tokens, latency, error, calls = [0, 0], 0.0, None, 0
         proposal: Proposal | None = None
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
-        turn = self._turns.get(module, 0)
-        self._turns[module] = turn + 1
         edit_format = choose_format(current, params.edit_formats, turn, settings)
         for attempt in range(params.proposal_attempts):
             edit_format = choose_format(current, params.edit_formats, turn + attempt, settings)

@@ -43,6 +43,22 @@ class Proposal(BaseModel):
     truncated_replies: int = 0
 
 
+class Rotation:
+    """Which module an iteration edits (round robin over iterations) and that module's turn
+    in its own rotation of edit formats: with two modules and two formats, each module
+    still gets both formats."""
+
+    def __init__(self, modules: Sequence[str]):
+        self.modules = list(modules)
+        self.turns: dict[str, int] = {}
+
+    def next(self, iteration: int) -> tuple[str, int]:
+        module = self.modules[iteration % len(self.modules)]
+        turn = self.turns.get(module, 0)
+        self.turns[module] = turn + 1
+        return module, turn
+
+
 def choose_format(module_text: str, formats: Sequence[str], turn: int, settings: EditSettings) -> str:
     """The `turn`-th format of this module's rotation; a full rules section is consolidated
     instead of growing further."""
