@@ -46,7 +46,7 @@ def prompt_diff(before: dict[str, str], after: dict[str, str]) -> str:
         if old == new:
             continue
         lines += difflib.unified_diff(old.splitlines(), new.splitlines(), f"seed/{field}", f"best/{field}", lineterm="")
-    return "\n".join(lines) or "(the best candidate is the seed: no change)"
+    return "\n".join(lines) or "(the run picked the seed: no change)"
 
 
 def _score(value: float | None) -> str:
@@ -66,8 +66,8 @@ def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> N
     if outcome.error:
         # the error text comes from services and models: data, never markup
         console.print(f"[red]error:[/red] {escape(outcome.error)}", markup=True, highlight=False)
-    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)}{_n(outcome.seed_heldout_n)} -> best "
-                  f"{_score(outcome.best_heldout)}{_n(outcome.best_heldout_n)} ({outcome.best_candidate_id})",
+    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)}{_n(outcome.seed_heldout_n)} -> run's "
+                  f"pick {_score(outcome.best_heldout)}{_n(outcome.best_heldout_n)} ({outcome.best_candidate_id})",
                   highlight=False)
     cost = "unknown" if outcome.cost_usd is None else f"${outcome.cost_usd:.4f}"
     total = outcome.rollouts + outcome.heldout_rollouts

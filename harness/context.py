@@ -511,7 +511,8 @@ class RunContext:
         row = {name: None for name in (
             "iteration", "parent_id", "child_id", "module", "proposer_model", "edit_format", "attempts", "status",
             "changed", "accepted", "parent_minibatch_score", "child_minibatch_score", "prompt_tokens",
-            "completion_tokens", "cost_usd", "latency_s", "error")}
+            "completion_tokens", "cost_usd", "latency_s", "error", "proposer_prompt", "proposer_replies",
+            "screened_out_json", "truncated_replies", "learned_lines", "merged_from")}
         row.update(fields)
         row.update({"run_id": self.run_id, "proposal_id": proposal_id})
         self.evidence.proposals.append(row)

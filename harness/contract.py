@@ -336,6 +336,7 @@ class RolloutResponse(_Open):
 
     @property
     def inputs(self) -> str | None:
+        """What the container says the policy saw of the row (for the proposer's reflection)."""
         if self.actionable_side_info and self.actionable_side_info.inputs:
             return self.actionable_side_info.inputs
         value = (self.summary or {}).get("inputs")

@@ -115,8 +115,9 @@ class TaskContainer(ABC):
         `result.finish_reason == "length"` means it was cut off at the token limit."""
 
     def reflection_input(self, row: Row) -> str | None:
-        """What the policy saw for this row, shown to the proposer (sent as
-        `actionable_side_info.inputs`): by default the rendered non-system messages."""
+        """What the policy saw of `row`, for the optimizer's reflection (sent as
+        `actionable_side_info.inputs`): by default the rendered non-system messages of the
+        seed candidate. Override to leave out what every row shares (a long label list)."""
         messages = self.render(self._seed_texts(), row)
         text = "\n\n".join(m.content for m in messages if m.role != "system")
         return text or None
