@@ -185,6 +185,9 @@ class Doctor:
             self.add("ok", route, f"inputs for the proposer ({len(outcome.inputs)} chars): {_clip(outcome.inputs, 60)}")
         if not outcome.output:
             self.add("warn", route, "no output text", "send trace.output with the policy's answer")
+        if (response.trace or {}).get("finish_reason") == "length":
+            self.add("warn", route, f"the answer was cut off at max_tokens {policy.max_tokens} (the policy profiles' "
+                     "value)", "for long answers set a floor (kit: min_policy_tokens) or raise policy.max_tokens")
         usage = response.usage
         if usage.prompt_tokens == 0 and usage.completion_tokens == 0 and usage.cost_usd is None:
             self.add("warn", route, "usage has no tokens and no cost: the run's cost will be unknown",

@@ -112,3 +112,14 @@ def test_a_keyed_container_and_nothing_listening() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     code, lines = doctor(url)
     assert code == 1 and lines[1].startswith(f"ERROR /health: nothing answers at {url}") and "fix: start the" in lines[1]
+
+
+def test_a_cut_off_answer_is_named_with_the_long_answer_fix() -> None:
+    rollout = {"status": "ok", "reward_info": {"outcome_reward": 0.0}, "actionable_side_info": {
+        "feedback": "incomplete", "inputs": "Q"}, "trace": {"output": "The answer is", "finish_reason": "length"},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 24}}
+    with ServerThread(contract_app(GOOD, rollout)) as server:
+        code, lines = doctor(server.url)
+    assert code == 0, lines
+    assert ("WARN  /rollout: the answer was cut off at max_tokens 24 (the policy profiles' value) -> fix: for long "
+            "answers set a floor (kit: min_policy_tokens) or raise policy.max_tokens") in lines
