@@ -22,7 +22,7 @@ from test_contract_client import HEALTH, PROGRAM, FakeContainer, ok
 
 
 @pytest.mark.parametrize("override, needles", [
-    ("+sweep=nope", ["configs/sweep/ has no option 'nope'", "proposer_scaling, same_container, smoke"]),
+    ("+sweep=nope", ["configs/sweep/ has no option 'nope'", "proposer_scaling, quality, same_container, smoke"]),
     ("policy=nope", ["configs/policy/ has no option 'nope'", "scripted", "local_1_5b"]),
     ("proposer=gpt_5_4_nan", ["configs/proposer/ has no option", "did you mean proposer=gpt_5_4_nano?"]),
     ("models=nope", ["configs/models/ has no option 'nope'", "hosted, local, scripted"]),
