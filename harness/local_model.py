@@ -30,6 +30,10 @@ from harness.errors import ConfigError
 from harness.processes import ManagedProcess, free_port
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendored llama.cpp .ci/setup builds
+# How .ci/setup builds it; a new recipe gets a new cache folder, so a binary built the old
+# way (-march=native, which enabled AMX that virtual machines may advertise but fault on)
+# is never reused.
+LLAMA_BUILD_RECIPE = "cpuflags-noamx"
 INSTALL_HINT = "pip install -e .[local-models]"
 SETUP_HINT = "bash .ci/setup"
 _CHUNK = 8 << 20
@@ -224,7 +228,7 @@ def ensure_gguf(ref: str, cache_dir: Path | None = None, *, registry: Mapping[st
 
 
 def llama_server_install_path(cache_dir: Path | None = None) -> Path:
-    return cache_root(cache_dir) / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}" / "bin" / "llama-server"
+    return cache_root(cache_dir) / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}-{LLAMA_BUILD_RECIPE}" / "bin" / "llama-server"
 
 
 def find_llama_server(cache_dir: Path | None = None) -> Path:

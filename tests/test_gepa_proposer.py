@@ -225,3 +225,10 @@ def test_each_module_gets_every_edit_format() -> None:
         module, turn = rotation.next(iteration)
         seen[module].add(choose_format(SEED, formats, turn, SETTINGS))
     assert seen == {"system": set(formats), "user": set(formats)}
+
+
+def test_yes_no_rules_keep_backticked_feature_words() -> None:
+    text = "- If the input shows `Thallium stress test: reversible defect` or `asymptomatic` chest pain, answer `yes`."
+    proposal = propose(SEED, text, "rules", labels=["no", "yes"],
+                       results=[failure("yes", "no", inputs="Chest pain type: asymptomatic")])
+    assert proposal.status == "changed" and proposal.dropped == {}

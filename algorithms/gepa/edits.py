@@ -94,7 +94,7 @@ def named_labels(line: str, labels: dict[str, str]) -> tuple[set[str], set[str]]
         key = canon(token)
         if key in labels:
             valid.add(labels[key])
-        elif " " not in key and ("_" in key or "`" in line):
+        elif " " not in key and "_" in key:  # label-shaped (snake_case) but not a label
             invalid.add(token.strip())
     for token in _AFTER_ANSWER.findall(line):
         key = canon(token)
