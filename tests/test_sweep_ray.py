@@ -439,7 +439,7 @@ class TestInProcessRay:
         class DyingWorker:
             """RunWorker's interface; holds the rollout gate the way a run does."""
 
-            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None):
+            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None, **_: object):
                 spec = RunSpec.model_validate_json(spec_json)
                 ep = Endpoints.model_validate_json(endpoints_json)
                 gate = shared_gate(limiter, ep.container_url, ep.policy_url, holder=holder)
