@@ -197,17 +197,20 @@ def _empty(schema: pa.Schema, columns: tuple[str, ...]) -> pl.LazyFrame:
 
 def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Lazy scans of the finished runs' rollouts and candidates, after checking every file's
-    schema version (footers only)."""
+    schema version (footers only), then its sha256 against the manifest's, then its columns."""
     root = Path(sweep_dir)
-    for run_id in sorted(run_ids):  # before reading a byte of a table
-        verify_files(root / run_id, read_manifest(root / run_id) or {})
-    scans = []
-    for table, schema, columns in (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS),
-                                   ("candidates", CANDIDATES, CANDIDATE_COLUMNS)):
-        paths = [root / run_id / f"{table}.parquet" for run_id in sorted(run_ids)]
-        for path in paths:
+    tables = (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS), ("candidates", CANDIDATES, CANDIDATE_COLUMNS))
+    for run_id in sorted(run_ids):
+        for table, _, _ in tables:
+            path = root / run_id / f"{table}.parquet"
             if not path.is_file():
                 raise ReportError(f"{path}: missing from a finished run")
+            check_parquet_version(path)  # evidence of another version: say so, not "changed"
+        verify_files(root / run_id, read_manifest(root / run_id) or {})
+    scans = []
+    for table, schema, columns in tables:
+        paths = [root / run_id / f"{table}.parquet" for run_id in sorted(run_ids)]
+        for path in paths:
             check_parquet_version(path, columns)
         scans.append(pl.scan_parquet([str(p) for p in paths]).select(columns) if paths else _empty(schema, columns))
     return scans[0], scans[1]
