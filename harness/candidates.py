@@ -40,6 +40,7 @@ class RolloutResult(BaseModel):
     feedback: str = ""
     output: str = ""
     task: dict | None = None
+    inputs: str | None = None  # what the policy saw of the row, as the container reports it
 
 
 def mean_reward(results: list[RolloutResult]) -> float:

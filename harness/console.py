@@ -46,7 +46,7 @@ def prompt_diff(before: dict[str, str], after: dict[str, str]) -> str:
         if old == new:
             continue
         lines += difflib.unified_diff(old.splitlines(), new.splitlines(), f"seed/{field}", f"best/{field}", lineterm="")
-    return "\n".join(lines) or "(the best candidate is the seed: no change)"
+    return "\n".join(lines) or "(the run picked the seed: no change)"
 
 
 def _score(value: float | None) -> str:
@@ -62,7 +62,7 @@ def print_outcome(console: Console, outcome: RunOutcome, heldout_rows: int) -> N
     if outcome.error:
         # the error text comes from services and models: data, never markup
         console.print(f"[red]error:[/red] {escape(outcome.error)}", markup=True, highlight=False)
-    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)} -> best "
+    console.print(f"heldout ({heldout_rows} rows): seed {_score(outcome.seed_heldout)} -> run's pick "
                   f"{_score(outcome.best_heldout)} ({outcome.best_candidate_id})", highlight=False)
     cost = "unknown" if outcome.cost_usd is None else f"${outcome.cost_usd:.4f}"
     console.print(f"rollouts: {outcome.rollouts} optimization + {outcome.heldout_rollouts} heldout; "

@@ -318,6 +318,7 @@ class RunContext:
         prompt_tokens = completion_tokens = 0
         container_cost: float | None = None
         feedback = output = ""
+        inputs: str | None = None
         async with self._slots:
             started = time.monotonic()
             try:
@@ -335,7 +336,7 @@ class RunContext:
             reward = resolved if (resolved is not None and status == "ok") else 0.0
             prompt_tokens, completion_tokens = response.usage.prompt_tokens, response.usage.completion_tokens
             container_cost = response.usage.cost_usd
-            feedback, output = response.feedback, response.output_text
+            feedback, output, inputs = response.feedback, response.output_text, response.inputs
         cost = container_cost if container_cost is not None else cost_usd(
             self.policy.provider, self.policy.model, prompt_tokens, completion_tokens)
         self._account(stage, status, prompt_tokens, completion_tokens, cost)
@@ -347,7 +348,7 @@ class RunContext:
             "elapsed_s": self.elapsed(), "output": output, "feedback": feedback,
         })
         return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=reward, status=status,
-                             error=error, feedback=feedback, output=output, task=row)
+                             error=error, feedback=feedback, output=output, task=row, inputs=inputs)
 
     async def _send(self, request: RolloutRequest) -> Any:
         """One rollout call. When the container refuses the connection (its process died),
@@ -498,7 +499,8 @@ class RunContext:
         row = {name: None for name in (
             "iteration", "parent_id", "child_id", "module", "proposer_model", "edit_format", "attempts", "status",
             "changed", "accepted", "parent_minibatch_score", "child_minibatch_score", "prompt_tokens",
-            "completion_tokens", "cost_usd", "latency_s", "error")}
+            "completion_tokens", "cost_usd", "latency_s", "error", "proposer_prompt", "proposer_replies",
+            "screened_out_json", "truncated_replies", "learned_lines", "merged_from")}
         row.update(fields)
         row.update({"run_id": self.run_id, "proposal_id": proposal_id})
         self.evidence.proposals.append(row)

@@ -163,6 +163,7 @@ class RewardInfo(_Open):
 
 class SideInfo(_Open):
     feedback: str | None = None
+    inputs: str | None = None  # what the policy saw of the row, for reflection
 
 
 class RolloutResponse(_Open):
@@ -196,6 +197,14 @@ class RolloutResponse(_Open):
         if self.actionable_side_info and self.actionable_side_info.feedback:
             return self.actionable_side_info.feedback
         return ""
+
+    @property
+    def inputs(self) -> str | None:
+        """What the container says the policy saw of the row (for the proposer's reflection)."""
+        if self.actionable_side_info and self.actionable_side_info.inputs:
+            return self.actionable_side_info.inputs
+        value = (self.summary or {}).get("inputs")
+        return value if isinstance(value, str) and value else None
 
     @property
     def output_text(self) -> str:

@@ -133,6 +133,25 @@ def test_banking_score_and_feedback(banking: Banking77) -> None:
     assert banking.score({"text": "x", "label": "Refund_not_showing_up"}, "Refund_not_showing_up")[0] == 1.0
 
 
+def test_banking_feedback_contrasts_intents_with_examples_outside_every_pool(banking: Banking77) -> None:
+    from benchmarks.containers.banking77 import EXAMPLE_BANK_START
+
+    row = {"text": "where is my card", "label": "card_arrival"}
+    _, feedback = banking.score(row, "card_linking")
+    arrival, linking = banking.examples("card_arrival"), banking.examples("card_linking")
+    assert len(arrival) == 2 and len(linking) == 2
+    assert all(f'"{text}"' in feedback for text in arrival + linking)
+    # examples come from the bank at the end of train, never from rows a pool can reach
+    bank = {" ".join(r["text"].split()) for r in banking.splits()["train"][EXAMPLE_BANK_START:]}
+    pools = {" ".join(r["text"].split()) for r in banking.splits()["train"][:EXAMPLE_BANK_START]}
+    assert set(arrival + linking) <= bank and not (set(arrival + linking) & pools - bank)
+    # an answer that is not a label: the nearest valid one is named
+    _, feedback = banking.score(row, "card_arival")
+    assert "not one of the 77" in feedback and "nearest valid label is `card_arrival`" in feedback
+    # the proposer sees the customer's message, not the 77-label prompt or the raw row
+    assert banking.reflection_input(row) == "where is my card"
+
+
 def test_banking_render_puts_labels_before_query(banking: Banking77) -> None:
     row = {"text": "My card has not arrived yet {weird braces}", "label": "card_arrival"}
     messages = banking.render({"stage2_system": "SYS"}, row)
@@ -157,7 +176,11 @@ def test_heart_score_render(heart: HeartDisease) -> None:
     assert heart.score(sick, "Yes, likely.")[0] == 1.0
     reward, feedback = heart.score(sick, "No.")
     assert reward == 0.0 and "expected `yes`" in feedback and "`no`" in feedback
-    assert "reversible defect" in feedback
+    # findings are written as the policy sees them in its prompt, not as raw codes
+    assert "Thallium stress test: reversible defect" in feedback and "thal" not in feedback.lower().split()
+    shown = heart.render(heart.program().seed_candidate, sick)[1].content
+    assert "Thallium stress test: reversible defect" in shown
+    assert heart.reflection_input(sick) in shown and "cp:" not in heart.reflection_input(sick)
     assert "must start with 'yes' or 'no'" in heart.score(sick, "Possibly")[1]
     missing = next(r for r in heart.splits()["train"] + heart.splits()["test"] if r["ca"] is None)
     text = heart.render(heart.program().seed_candidate, missing)[1].content

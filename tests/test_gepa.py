@@ -1,6 +1,7 @@
 """Our GEPA against the real banking77 container, with the scripted model as policy and
 proposer (`rules`, or `queue` for exact control of every proposal), through
-harness.run.execute_run; plus unit tests of the Pareto frontier and the reply parser."""
+harness.run.execute_run; plus unit tests of the Pareto frontier (the proposer's edits and
+screen are in test_gepa_proposer.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import polars as pl
 import pytest
 
 from algorithms.gepa.pareto import ParetoFrontier
-from algorithms.gepa.proposer import apply_reply
 from conftest import container_spec, execute, make_run_spec, read_evidence
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
@@ -23,7 +23,8 @@ from harness.evidence.schema import TIMING_COLUMNS
 from harness.scripted_model import ScriptedModelThread
 
 HELDOUT = ["test:0", "test:1", "test:2"]
-EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposer_max_tokens": 4000}
+EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposal_samples": 1,
+         "proposer_max_tokens": 4000}
 
 # ---------------------------------------------------------------- Pareto frontier (unit)
 
@@ -71,48 +72,6 @@ def test_best_is_highest_mean_and_ties_go_to_the_earlier() -> None:
 def test_add_needs_one_reward_per_row() -> None:
     with pytest.raises(ValueError, match="one reward per pareto row"):
         frontier(a=[1, 0]).add("b", [1.0])
-
-
-# ---------------------------------------------------------------- reply parsing (unit)
-
-SEED = "Classify the message.\nReply with the label only."
-
-
-@pytest.mark.parametrize("reply, text, state", [
-    ("```\nNew instruction.\n```", "New instruction.", "changed"),
-    ("Sure! Here it is:\n```text\nNew instruction.\nLine two.\n```\nGood luck.", "New instruction.\nLine two.", "changed"),
-    ("  New instruction, no fence.  ", "New instruction, no fence.", "changed"),
-    (f"```\n{SEED}\n```", SEED, "unchanged"),
-    (f"\n{SEED}\n\n", SEED, "unchanged"),
-])
-def test_rewrite_takes_the_fenced_block_or_the_whole_reply(reply: str, text: str, state: str) -> None:
-    proposal = apply_reply(SEED, reply, "rewrite")
-    assert (proposal.text, proposal.status) == (text, state)
-
-
-@pytest.mark.parametrize("reply", ["", "   \n ", "```\n```"])
-def test_empty_reply_keeps_the_module(reply: str) -> None:
-    for edit_format in ("rewrite", "rules", "answer_guide"):
-        proposal = apply_reply(SEED, reply, edit_format)
-        assert proposal.text == SEED and proposal.status in ("empty", "unchanged")
-    assert apply_reply(SEED, "", "rules").status == "empty"
-
-
-def test_rules_append_new_list_lines_under_one_heading() -> None:
-    reply = "Here are rules:\n```\n- If refund, answer: refund\n* If card, answer: card\n1. If pin, answer: pin\nprose\n```"
-    first = apply_reply(SEED, reply, "rules")
-    assert first.status == "changed"
-    assert first.text == (f"{SEED}\n\nRules learned from mistakes:\n- If refund, answer: refund\n"
-                          "- If card, answer: card\n- If pin, answer: pin")
-    # a second edit adds only lines not already present, under the same heading
-    second = apply_reply(first.text, "- If card, answer: card\n- If cash, answer: cash\n- if CASH, answer: cash", "rules")
-    assert second.text == first.text + "\n- If cash, answer: cash" and second.text.count("Rules learned") == 1
-    assert apply_reply(second.text, "- If card, answer: card", "rules").status == "unchanged"
-    assert apply_reply(SEED, "no list lines at all", "answer_guide").status == "unchanged"
-    guide = apply_reply(SEED, "- refund: money back", "answer_guide")
-    assert guide.text.endswith("Answer guide:\n- refund: money back")
-    many = apply_reply(SEED, "\n".join(f"- rule number {i}" for i in range(20)), "rules", max_new_lines=3)
-    assert many.text.count("- rule number") == 3
 
 
 # ---------------------------------------------------------------- runs against banking77
@@ -240,7 +199,9 @@ def test_rollout_budget_is_never_exceeded(tmp_path, data_dir, urls, bank, budget
     if budget < 5:  # the seed does not fit on the pareto pool: nothing is spent
         assert spent == 0
     else:
-        assert spent >= 5 and budget - spent < 5 + 3 + 3  # stops only when a whole iteration no longer fits
+        # stops only when a minibatch step (parent + child, 3 + 3) no longer fits, or an accepted
+        # child's pareto scoring (5) does not: the pareto part is not held back up front
+        assert spent >= 5 and budget - spent < 3 + 3
 
 
 def test_no_rollout_is_repeated(tmp_path, data_dir, urls, bank) -> None:
@@ -314,3 +275,22 @@ def test_max_wall_s_stops_cleanly(tmp_path, data_dir, urls, bank) -> None:
     assert 0 < manifest["totals"]["rollouts"] < 100_000
     assert 1.5 <= manifest["timings"]["optimize_s"] < 1.5 + 2.0  # stops between iterations, not mid-way
     assert manifest["totals"]["heldout_rollouts"] > 0  # heldout scoring still runs after the stop
+
+
+@pytest.mark.parametrize("algorithm", ["gepa", "gepa_ai"])
+def test_both_arms_take_the_proposer_models_own_token_cap(tmp_path, data_dir, urls, bank, algorithm: str) -> None:
+    """configs/proposer/*.yaml sets max_tokens: with no algorithm override, every proposer call
+    is capped there (the scripted model cuts a longer reply and says finish_reason=length)."""
+    from conftest import scripted_spec
+
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:20],
+                         pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=40, algorithm=algorithm,
+                         params={"minibatch_size": 3})
+    spec = spec.model_copy(update={"proposer": scripted_spec("rules", 6)})
+    outcome = execute(spec, *urls)
+    assert outcome.status == "done", outcome.error
+    proposals = read_evidence(outcome.evidence_dir)["proposals"]
+    assert len(proposals) > 0 and proposals["completion_tokens"].sum() > 0
+    assert (proposals["completion_tokens"] <= 6 * proposals["attempts"]).all()
+    if algorithm == "gepa":
+        assert proposals["truncated_replies"].sum() > 0  # the cap bit, and our parser saw it

@@ -119,9 +119,13 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     gepa = summary.filter(pl.col("stack") == "gepa")
     assert gepa["k"].item() == 3 and gepa["heldout_coverage_mean"].item() == 4.0
     markdown = Path(paths.summary_md).read_text()
-    assert "| toy | gepa_ai | missing (0/2 runs, 1 failed) | missing | missing | missing |" in markdown
-    assert "| toy | seed_only (1/2 runs) | 0.500 (n=1) | 2/4 (n=1) | 0/2 (n=1) | 1 (50.0%) |" in markdown
-    assert "| toy | gepa | 0.750 [0.500, 1.000] | 4/4 [4, 4] | 2/2.5 [2, 2] | 1 (50.0%) |" in markdown
+    assert "| toy | gepa_ai | missing (0/2 runs, 1 failed) | missing | missing | missing | missing |" in markdown
+    assert "| toy | seed_only (1/2 runs) | 0.500 (n=1) | 0.500 (n=1) | 2/4 (n=1) | 0/2 (n=1) | 1 (50.0%) |" in markdown
+    # the runs' own pick (the seed, c0, in these manifests) heads the table; the best on heldout
+    # is beside it, labelled as test-set selection
+    assert "| pick heldout | best heldout (test-set selection) |" in markdown
+    assert "| toy | gepa | 0.250 [0.250, 0.250] | 0.750 [0.500, 1.000] | 4/4 [4, 4] | 2/2.5 [2, 2] | 1 (50.0%) |" \
+        in markdown
     rows = json.loads(Path(paths.summary_json).read_text())["rows"]
     assert [(r["stack"], r["status"]) for r in rows] == [("gepa", "ok"), ("gepa_ai", "missing"),
                                                           ("seed_only", "partial")]
@@ -158,7 +162,8 @@ def _candidates(rows: Candidates, run_id: str = "r") -> pl.LazyFrame:
 
 def _runs(threshold: float = 1.0, run_ids: tuple[str, ...] = ("r",)) -> pl.LazyFrame:
     return pl.LazyFrame({"run_id": list(run_ids), "task": ["t"] * len(run_ids), "stack": ["s"] * len(run_ids),
-                         "seed_candidate_id": ["a"] * len(run_ids), "threshold": [threshold] * len(run_ids)})
+                         "seed_candidate_id": ["a"] * len(run_ids), "pick_candidate_id": ["c"] * len(run_ids),
+                         "threshold": [threshold] * len(run_ids)})
 
 
 def test_coverage_through_k_uses_heldout_scored_candidates_in_index_order() -> None:
@@ -196,6 +201,8 @@ def test_lift_and_found_at() -> None:
     best = metrics.run_best(scored, _runs()).collect()
     assert best.select("best_heldout", "seed_heldout", "lift", "best_candidate_id", "found_rollouts",
                        "found_cost_usd", "found_elapsed_s").row(0) == (1.0, 0.5, 0.5, "b", 7.0, 0.2, 3.0)
+    # the run's own pick (c) is reported on its own, whatever scored best on heldout
+    assert best.select("pick_heldout", "pick_lift").row(0) == (1.0, 0.5)
 
 
 def test_bootstrap_ci_is_deterministic_and_flags_single_runs() -> None:

@@ -32,7 +32,8 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 import benchmarks.containers.kit as kit
-from algorithms.gepa.proposer import apply_reply
+from algorithms.gepa.reflect import EditSettings, apply
+from harness.llm import ChatResult
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from benchmarks.containers.chaos import Chaos, FaultPlan
 from conftest import REPO, ServerThread, container_spec, run_cli, scripted_spec
@@ -274,7 +275,9 @@ def test_hostile_proposer_output_round_trips_byte_exactly(data_dir, tmp_path, ba
     canaries = [tmp_path / f"pwned-{i}" for i in range(3)]
     hostile = hostile_text(canaries)
     reply = f"Here is the new instruction:\n```\n{hostile}\n```\n"
-    assert apply_reply(SEED_SYSTEM, reply, "rewrite").text == hostile  # the reply parser keeps it whole
+    parsed = apply(SEED_SYSTEM, [], [ChatResult(text=reply, prompt_tokens=0, completion_tokens=0, latency_s=0.0)],
+                   "rewrite", [], None, EditSettings(max_examples=4, max_new_lines=4, max_learned_lines=12))
+    assert parsed.text == hostile  # the reply parser keeps it whole
     container_seen: list[dict[str, Any]] = []
     policy_seen: list[dict[str, Any]] = []
     spec = small_spec(container_spec("banking77", data_dir), tmp_path / "evidence", budget=20,

@@ -1,25 +1,33 @@
 """Our GEPA loop: select a parent from the Pareto frontier, reflect on its minibatch
-failures, propose an edit of one target module, accept on minibatch improvement, then
-score the child on the pareto pool.
+failures (several proposer samples, screened for free), propose an edit of one target
+module, accept on minibatch improvement, then score the child on the pareto pool. Every
+`merge_every`-th iteration instead merges two frontier candidates that lead on different
+rows. The run's pick is the best pareto mean.
 
 With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
 so the model's latency is overlapped rather than paid one minibatch at a time. Each
-iteration reserves the rollouts it may need before it starts, so together they never
-overrun the budget; which candidate gets which id then depends on response order."""
+iteration reserves its minibatch rollouts before it starts and its pareto rollouts when
+its child is accepted, so together they never overrun the budget; which candidate gets
+which id then depends on response order."""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import random
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from algorithms.gepa.edits import LearnedModule, union
+from algorithms.gepa.loop import LoopState, Reservation, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
-from algorithms.gepa.proposer import EDIT_FORMATS, apply_reply, build_messages
+from algorithms.gepa.proposer import EDIT_FORMATS
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
 from algorithms.protocol import OptimizerResult
-from harness.candidates import Candidate, RolloutResult, mean_reward
+from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.context import BudgetExhausted, RunContext
 from harness.errors import FailureKind, ServiceError
+from harness.llm import ChatResult
 
 
 class GepaParams(BaseModel):
@@ -27,10 +35,15 @@ class GepaParams(BaseModel):
     minibatch_size: int = Field(default=4, gt=0)
     acceptance_margin: float = Field(default=0.0, ge=0.0)
     edit_formats: tuple[str, ...] = ("rules", "answer_guide")
-    proposer_temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    proposer_max_tokens: int = Field(default=300, gt=0)
+    # None: the proposer model's own settings (configs/proposer/*.yaml)
+    proposer_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    proposer_max_tokens: int | None = Field(default=None, gt=0)
+    proposal_samples: int = Field(default=2, gt=0)  # replies sampled per request, screened before any rollout
+    proposal_attempts: int = Field(default=2, gt=0)  # requests, with the next format, while nothing survives
     max_examples: int = Field(default=4, gt=0)  # reflection rows shown to the proposer, failures first
-    proposal_attempts: int = Field(default=2, gt=0)  # retries, with the next format, on an unchanged reply
+    max_new_lines: int = Field(default=4, gt=0)  # learned lines one proposal may add
+    max_learned_lines: int = Field(default=12, gt=1)  # per section; a full rules section is consolidated
+    merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
     skip_perfect_minibatch: bool = True
     use_task_info: bool = True
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
@@ -44,6 +57,30 @@ class GepaParams(BaseModel):
         if unknown or not value:
             raise ValueError(f"edit_formats must be a non-empty subset of {EDIT_FORMATS}, got {list(value)}")
         return value
+
+    def edit_settings(self) -> EditSettings:
+        return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
+                            max_learned_lines=self.max_learned_lines)
+
+
+class MinibatchSampler:
+    """Train rows without replacement within an epoch: each epoch is a fresh shuffle, so
+    every row is reflected on before any row comes back."""
+
+    def __init__(self, task_ids: tuple[str, ...], rng: random.Random):
+        self.task_ids, self.rng = list(task_ids), rng
+        self._order: list[str] = []
+
+    def next(self, k: int) -> list[str]:
+        batch: list[str] = []
+        while len(batch) < min(k, len(self.task_ids)):
+            if not self._order:
+                fresh = self.task_ids[:]
+                self.rng.shuffle(fresh)
+                # a batch that spans two epochs: its rows come last in the new one (pop takes from the end)
+                self._order = [r for r in fresh if r in batch] + [r for r in fresh if r not in batch]
+            batch.append(self._order.pop())
+        return batch
 
 
 class GepaOptimizer:
@@ -64,20 +101,22 @@ class GepaOptimizer:
         except BudgetExhausted as exhausted:
             return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
         frontier.add(seed.candidate_id, [r.reward for r in seed_results])
-        ctx.report_best(frontier.mean(seed.candidate_id))
+        ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
         self._proposer_errors = 0
-        loop = _LoopState()
+        self._rotation = Rotation(ctx.target_modules)
+        self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
+        loop = LoopState()
         workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
         if len(workers) == 1:
             await workers[0]
         else:
-            await _all_or_first_error(workers)
+            await all_or_first_error(workers)
         best = frontier.best()
         stop = loop.stop or "max_rollouts"
         ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
         return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
 
-    async def _worker(self, ctx: RunContext, frontier: ParetoFrontier, loop: "_LoopState") -> None:
+    async def _worker(self, ctx: RunContext, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
             reason = ctx.stop_reason(generation=loop.iteration)
             if reason is not None:
@@ -102,160 +141,181 @@ class GepaOptimizer:
                 break
             loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
 
-    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, loop: "_LoopState") -> None:
+    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, loop: LoopState) -> None:
         params = self.params
-        parent = ctx.candidate(frontier.sample(ctx.rng))
         k = min(params.minibatch_size, len(ctx.pools.train))
-        minibatch = ctx.rng.sample(list(ctx.pools.train), k)
-        # The whole iteration must fit: parent minibatch, child minibatch, child pareto scoring.
-        needed = len(ctx.uncached(parent, minibatch)) + k + len(ctx.pools.pareto)
+        minibatch = self._sampler.next(k)
+        pair = self._merge_pair(ctx, frontier) if params.merge_every and (iteration + 1) % params.merge_every == 0 \
+            else None
+        parents = [ctx.candidate(c) for c in pair] if pair else [ctx.candidate(frontier.sample(ctx.rng))]
+        # the minibatch part must fit now; the pareto part is reserved on acceptance
+        needed = sum(len(ctx.uncached(p, minibatch)) for p in parents) + k
         if needed > ctx.rollouts_left - loop.reserved():
             raise BudgetExhausted("max_rollouts")
         with loop.reserve(needed) as reservation:
-            await self._iterate_reserved(ctx, frontier, iteration, parent, minibatch, reservation)
+            if pair:
+                await self._merge(ctx, frontier, iteration, parents, minibatch, reservation, loop)
+            else:
+                await self._reflect(ctx, frontier, iteration, parents[0], minibatch, reservation, loop)
 
-    async def _iterate_reserved(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parent: Candidate,
-                                minibatch: list[str], reservation: "_Reservation") -> None:
-        params = self.params
+    async def _reflect(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parent: Candidate,
+                       minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
         reservation.spend(len(ctx.uncached(parent, minibatch)))
         parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
         parent_score = mean_reward(parent_results)
-        if params.skip_perfect_minibatch and all(r.reward >= 1.0 for r in parent_results):
+        if self.params.skip_perfect_minibatch and all(r.reward is not None and r.reward >= 1.0
+                                                      for r in parent_results):
             ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
             return
-        module = ctx.target_modules[iteration % len(ctx.target_modules)]
-        child = await self._propose(ctx, parent, module, parent_results, iteration, parent_score)
-        if child is None:
-            return
-        child_candidate, proposal_fields = child
-        reservation.spend(len(ctx.uncached(child_candidate, minibatch)))
-        child_results = await ctx.evaluate(child_candidate, minibatch, "minibatch")
-        child_score = mean_reward(child_results)
-        accepted = child_score > parent_score + params.acceptance_margin
-        ctx.record_proposal(**proposal_fields, child_id=child_candidate.candidate_id, accepted=accepted,
+        module, turn = self._rotation.next(iteration)
+        child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
+        if child is not None:
+            await self._judge(ctx, frontier, child, minibatch, reservation, loop, [parent_score], "proposal")
+
+    async def _judge(self, ctx: RunContext, frontier: ParetoFrontier, child: tuple[Candidate, dict[str, Any]],
+                     minibatch: list[str], reservation: Reservation, loop: LoopState,
+                     parent_scores: list[float | None], origin: str) -> None:
+        """Score the child on the minibatch, accept it on improvement over its best parent
+        (a merge needs only to match it), then score it on the pareto pool."""
+        candidate, fields = child
+        reservation.spend(len(ctx.uncached(candidate, minibatch)))
+        child_score = mean_reward(await ctx.evaluate(candidate, minibatch, "minibatch"))
+        known = [s for s in parent_scores if s is not None]
+        bar = max(known) if known else None
+        margin = self.params.acceptance_margin
+        accepted = child_score is not None and bar is not None and (
+            child_score >= bar + margin if origin == "merge" else child_score > bar + margin)
+        pareto = ctx.uncached(candidate, list(ctx.pools.pareto))
+        unscorable = accepted and len(pareto) > ctx.rollouts_left - loop.reserved() + reservation.left
+        if unscorable:  # accepted ones are exactly those on the frontier: this one cannot get there
+            accepted = False
+            fields = {**fields, "error": "better on the minibatch, but the budget left cannot score it on the "
+                                         f"pareto pool ({len(pareto)} rollouts)"}
+        ctx.record_proposal(**fields, child_id=candidate.candidate_id, accepted=accepted,
                             child_minibatch_score=child_score)
-        ctx.set_origin(child_candidate.candidate_id, "proposal" if accepted else "rejected")
+        ctx.set_origin(candidate.candidate_id, origin if accepted else "rejected")
+        if unscorable:
+            raise BudgetExhausted("max_rollouts")
         if not accepted:
             return
-        reservation.spend(len(ctx.uncached(child_candidate, list(ctx.pools.pareto))))
-        pareto_results = await ctx.evaluate(child_candidate, list(ctx.pools.pareto), "pareto")
-        frontier.add(child_candidate.candidate_id, [r.reward for r in pareto_results])
-        ctx.report_best(frontier.mean(child_candidate.candidate_id))
-        ctx.event("accept", f"{child_candidate.candidate_id} accepted", parent=parent.candidate_id,
-                  pareto_score=frontier.mean(child_candidate.candidate_id))
+        reservation.extend(len(pareto))
+        reservation.spend(len(pareto))
+        pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
+        ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
+        ctx.event("accept", f"{candidate.candidate_id} accepted", parents=list(candidate.parent_ids),
+                  pareto_score=frontier.mean(candidate.candidate_id), origin=origin)
+
+    # ---- merge -----------------------------------------------------------------------
+
+    def _merge_pair(self, ctx: RunContext, frontier: ParetoFrontier) -> tuple[str, str] | None:
+        """Two non-dominated candidates that lead on the most rows the other does not, whose
+        union of learned lines is a text not seen yet; None when there is no such pair."""
+        leaders = frontier.non_dominated()
+        fronts = frontier.fronts()
+        rows = {c: {i for i, front in enumerate(fronts) if c in front} for c in leaders}
+        seen = {c.digest for c in ctx.candidates}
+        best: tuple[int, str, str] | None = None
+        ids = list(leaders)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                gain = min(len(rows[a] - rows[b]), len(rows[b] - rows[a]))
+                if gain == 0 or (best is not None and gain <= best[0]):
+                    continue
+                texts = self._merged_texts(ctx, a, b)
+                if texts is not None and digest_of(texts) not in seen:
+                    best = (gain, a, b)
+        return (best[1], best[2]) if best else None
+
+    def _merged_texts(self, ctx: RunContext, a: str, b: str) -> dict[str, str] | None:
+        """The union of learned lines of `b` into `a`, per target module; None when it adds nothing."""
+        first, second = ctx.candidate(a).texts, ctx.candidate(b).texts
+        merged = dict(first)
+        for module in ctx.target_modules:
+            field = ctx.program.field_of(module)
+            merged[field] = union(first[field], second[field], self.params.max_learned_lines)
+        return merged if merged != first else None
+
+    async def _merge(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],
+                     minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
+        scores = []
+        for parent in parents:
+            reservation.spend(len(ctx.uncached(parent, minibatch)))
+            scores.append(mean_reward(await ctx.evaluate(parent, minibatch, "minibatch")))
+        texts = self._merged_texts(ctx, parents[0].candidate_id, parents[1].candidate_id)
+        if texts is None:
+            return
+        child = ctx.add_candidate(texts, tuple(p.candidate_id for p in parents), "merge")
+        fields = {"iteration": iteration, "parent_id": parents[0].candidate_id, "module": None,
+                  "proposer_model": None, "edit_format": "merge", "attempts": 0, "status": "changed",
+                  "changed": True, "parent_minibatch_score": max((s for s in scores if s is not None), default=None),
+                  "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "latency_s": 0.0, "error": None,
+                  "merged_from": [p.candidate_id for p in parents]}
+        await self._judge(ctx, frontier, (child, fields), minibatch, reservation, loop, scores, "merge")
+
+    # ---- reflection ---------------------------------------------------------------------
 
     async def _propose(
-        self, ctx: RunContext, parent: Candidate, module: str, results: list[RolloutResult],
-        iteration: int, parent_score: float,
+        self, ctx: RunContext, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
+        iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
+        params = self.params
         field = ctx.program.field_of(module)
         current = parent.texts[field]
-        formats = self.params.edit_formats
-        task_info = ctx.task_info if self.params.use_task_info else None
-        tokens = [0, 0]
-        latency, status, error = 0.0, "empty", None
-        edit_format = formats[iteration % len(formats)]
-        attempts = 0
-        proposal = None
+        task_info = ctx.task_info if params.use_task_info else None
+        settings = params.edit_settings()
+        temperature = params.proposer_temperature if params.proposer_temperature is not None \
+            else ctx.spec.proposer.temperature
+        max_tokens = params.proposer_max_tokens or ctx.spec.proposer.max_tokens
+        tokens, latency, error, calls = [0, 0], 0.0, None, 0
+        proposal: Proposal | None = None
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
-        for attempt in range(self.params.proposal_attempts):
-            attempts = attempt + 1
-            edit_format = formats[(iteration + attempt) % len(formats)]
-            messages = build_messages(current, results, edit_format, task_info, self.params.max_examples)
+        edit_format = choose_format(current, params.edit_formats, turn, settings)
+        for attempt in range(params.proposal_attempts):
+            edit_format = choose_format(current, params.edit_formats, turn + attempt, settings)
+            messages = request(current, results, edit_format, task_info, settings)
+            replies: list[ChatResult] = []
             try:
-                reply = await ctx.propose(messages, temperature=self.params.proposer_temperature,
-                                          max_tokens=self.params.proposer_max_tokens, scopes=scopes)
+                for _ in range(params.proposal_samples):
+                    reply = await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens, scopes=scopes)
+                    calls += 1
+                    tokens[0] += reply.prompt_tokens
+                    tokens[1] += reply.completion_tokens
+                    latency += reply.latency_s
+                    replies.append(reply)
             except ServiceError as exc:
                 # An endpoint that keeps failing (after the client's retries) fails the run.
                 self._proposer_errors += 1
-                if exc.kind is FailureKind.FATAL or self._proposer_errors >= self.params.max_proposer_errors:
+                if exc.kind is FailureKind.FATAL or self._proposer_errors >= params.max_proposer_errors:
                     raise
-                status, error = "error", str(exc)
+                error = str(exc)
+                if not replies:
+                    break
+            else:
+                self._proposer_errors = 0
+            proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
+            if proposal.status == "changed" or error is not None:
                 break
-            self._proposer_errors = 0
-            tokens[0] += reply.prompt_tokens
-            tokens[1] += reply.completion_tokens
-            latency += reply.latency_s
-            proposal = apply_reply(current, reply.text, edit_format)
-            status = proposal.status
-            if status == "changed":
-                break
+        status = proposal.status if proposal is not None else "error"
         fields = {
             "iteration": iteration, "parent_id": parent.candidate_id, "module": module,
-            "proposer_model": ctx.spec.proposer.model, "edit_format": edit_format, "attempts": attempts,
+            "proposer_model": ctx.spec.proposer.model, "edit_format": edit_format, "attempts": calls,
             "status": status, "changed": status == "changed", "parent_minibatch_score": parent_score,
             "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "latency_s": latency,
             "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error, "proposer_scopes": scopes,
+            **(_proposal_record(proposal) if proposal is not None else {}),
         }
         if proposal is None or status != "changed":
             ctx.record_proposal(**fields, accepted=False)
-            ctx.event("proposal_rejected", f"proposal {status}", iteration=iteration, edit_format=edit_format)
+            ctx.event("proposal_rejected", f"proposal {status}", iteration=iteration, edit_format=edit_format,
+                      screened_out=proposal.dropped if proposal else None)
             return None
         child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
         return child, fields
 
 
-class _Reservation:
-    """Rollouts one iteration may still start: `needed` at first, less what it has started."""
-
-    def __init__(self, needed: int):
-        self.left = needed
-
-    def spend(self, rollouts: int) -> None:
-        self.left = max(0, self.left - rollouts)
-
-
-class _LoopState:
-    """What the iterations in flight share: the next iteration index, the idle count, the
-    stop reason, and the rollouts reserved by iterations that have not started them yet
-    (the context already counts started ones in `rollouts_left`)."""
-
-    def __init__(self) -> None:
-        self.iteration = 0
-        self.idle = 0
-        self.stop: str | None = None
-        self._reservations: list[_Reservation] = []
-        self._released = asyncio.Event()
-
-    def reserved(self) -> int:
-        return sum(r.left for r in self._reservations)
-
-    def reserve(self, needed: int) -> "_Reserved":
-        return _Reserved(self, _Reservation(needed))
-
-    def finish(self, reason: str) -> None:
-        if self.stop is None:
-            self.stop = reason
-        self._released.set()
-
-    async def wait_for_release(self) -> None:
-        self._released.clear()
-        await self._released.wait()
-
-
-class _Reserved:
-    def __init__(self, loop: _LoopState, reservation: _Reservation):
-        self.loop, self.reservation = loop, reservation
-
-    def __enter__(self) -> _Reservation:
-        self.loop._reservations.append(self.reservation)
-        return self.reservation
-
-    def __exit__(self, *_: object) -> None:
-        self.loop._reservations.remove(self.reservation)
-        self.loop._released.set()
-
-
-async def _all_or_first_error(coroutines: list[Any]) -> None:
-    """Run the workers together; the first to fail cancels the rest and its error is raised."""
-    tasks = [asyncio.ensure_future(c) for c in coroutines]
-    try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in done:
-        if task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+def _proposal_record(proposal: Proposal) -> dict[str, Any]:
+    """The proposer's request and raw replies, and what the screen dropped, for the evidence."""
+    return {"proposer_prompt": proposal.prompt, "proposer_replies": list(proposal.replies),
+            "screened_out_json": json.dumps(proposal.dropped, sort_keys=True), "truncated_replies": proposal.truncated_replies,
+            "learned_lines": len(LearnedModule.parse(proposal.text).all_lines())}

@@ -1,5 +1,6 @@
 """Per-row Pareto frontier over the pareto pool, and frontier sampling of parents
-(GEPA, Agrawal et al. 2025, Algorithm 2)."""
+(GEPA, Agrawal et al. 2025, Algorithm 2). A row without a reward (a failed rollout) is
+missing evidence: it is left out of means and leads no row, it never counts as zero."""
 
 from __future__ import annotations
 
@@ -9,27 +10,30 @@ import random
 class ParetoFrontier:
     def __init__(self, task_ids: tuple[str, ...]):
         self.task_ids = task_ids
-        self.scores: dict[str, list[float]] = {}  # candidate id -> reward per pareto row, in insertion order
+        # candidate id -> reward per pareto row (None: no reward), in insertion order
+        self.scores: dict[str, list[float | None]] = {}
 
-    def add(self, candidate_id: str, rewards: list[float]) -> None:
+    def add(self, candidate_id: str, rewards: list[float | None]) -> None:
         if len(rewards) != len(self.task_ids):
             raise ValueError("one reward per pareto row is required")
         self.scores[candidate_id] = list(rewards)
 
-    def mean(self, candidate_id: str) -> float:
-        rewards = self.scores[candidate_id]
-        return sum(rewards) / len(rewards)
+    def mean(self, candidate_id: str) -> float | None:
+        rewards = [r for r in self.scores[candidate_id] if r is not None]
+        return sum(rewards) / len(rewards) if rewards else None
 
     def best(self) -> str:
         """Highest mean on the pareto pool; ties go to the earlier candidate."""
-        return max(self.scores, key=lambda c: (self.mean(c), -list(self.scores).index(c)))
+        order = list(self.scores)
+        return max(self.scores, key=lambda c: (_or_low(self.mean(c)), -order.index(c)))
 
     def fronts(self) -> list[set[str]]:
         """For each row, the candidates that reach the row's best reward."""
         rows = []
         for i in range(len(self.task_ids)):
-            top = max(rewards[i] for rewards in self.scores.values())
-            rows.append({c for c, rewards in self.scores.items() if rewards[i] == top})
+            scored = {c: rewards[i] for c, rewards in self.scores.items() if rewards[i] is not None}
+            top = max(scored.values(), default=None)
+            rows.append({c for c, reward in scored.items() if reward == top})
         return rows
 
     def non_dominated(self) -> dict[str, int]:
@@ -51,5 +55,11 @@ class ParetoFrontier:
     def sample(self, rng: random.Random) -> str:
         """A parent drawn with probability proportional to the rows it leads."""
         counts = self.non_dominated()
+        if not counts:  # no row has a reward yet: the first candidate (the seed)
+            return next(iter(self.scores))
         ids = [c for c in self.scores if c in counts]  # insertion order: deterministic
         return rng.choices(ids, weights=[counts[c] for c in ids], k=1)[0]
+
+
+def _or_low(value: float | None) -> float:
+    return float("-inf") if value is None else value

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gepa.core.adapter import EvaluationBatch
 
-from algorithms.gepa.proposer import _clip, _row_input
+from algorithms.gepa.proposer import FEEDBACK_CHARS, OUTPUT_CHARS, clip, example_input
 from harness.candidates import RolloutResult
 
 if TYPE_CHECKING:
@@ -37,13 +37,13 @@ class TaskIdLoader:
 def reflective_record(result: RolloutResult) -> dict[str, str]:
     """One example in the record format the library's reflection prompt renders
     (`Inputs`, `Generated Outputs`, `Feedback`), with our proposer's input view and clipping."""
-    feedback = _clip(result.feedback, 400)
+    feedback = clip(result.feedback, FEEDBACK_CHARS)
     if result.status != "ok":
-        failure = f"The rollout failed: {_clip(result.error or 'unknown error', 300)}"
+        failure = f"The rollout failed: {clip(result.error or 'unknown error', 300)}"
         feedback = f"{failure}\n{feedback}" if feedback else failure
     return {
-        "Inputs": _row_input(result.task),
-        "Generated Outputs": _clip(result.output, 300) or "(empty)",
+        "Inputs": example_input(result),
+        "Generated Outputs": clip(result.output, OUTPUT_CHARS) or "(empty)",
         "Feedback": feedback or "(none)",
     }
 
@@ -61,7 +61,8 @@ class HarnessAdapter:
         results, spent = self.bridge.evaluate(candidate, [str(t) for t in batch])
         return EvaluationBatch(
             outputs=[r.output for r in results],
-            scores=[float(r.reward) for r in results],
+            # the library needs a number per row: a row without a reward counts as 0 there only
+            scores=[0.0 if r.reward is None else float(r.reward) for r in results],
             trajectories=list(results) if capture_traces else None,
             # the library adds this to its metric-call count for minibatches: the rollouts
             # actually run, so its count follows our budget (cache hits are free for both)

@@ -17,6 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Coroutine, TypeVar
 
+from gepa.strategies.instruction_proposal import InstructionProposalSignature
+
+from algorithms.gepa.proposer import task_context
 from algorithms.gepa_ai.params import GepaLibraryParams
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.context import BudgetExhausted, RunContext
@@ -75,6 +78,9 @@ class Bridge:
         self.by_digest: dict[str, Candidate] = {seed.digest: seed}
         self.library_ids: dict[int, str] = {}
         self.pareto = list(ctx.pools.pareto)
+        self.prompt_template = reflection_template(params, ctx.task_info)
+        self.edit_format = ("library_template" if params.reflection_prompt_template else
+                            "library_task_context" if self.prompt_template else "library_default")
         self.stop_reason: str | None = None
         self.fatal: BaseException | None = None
         self.cancelled = False
@@ -227,9 +233,11 @@ class Bridge:
         return result.text
 
     async def _propose(self, messages: list[ChatMessage]) -> ChatResult:
+        p, proposer = self.params, self.ctx.spec.proposer
+        temperature = p.proposer_temperature if p.proposer_temperature is not None else proposer.temperature
         try:
-            return await self.ctx.propose(messages, temperature=self.params.proposer_temperature,
-                                          max_tokens=self.params.proposer_max_tokens)
+            return await self.ctx.propose(messages, temperature=temperature,
+                                          max_tokens=p.proposer_max_tokens or proposer.max_tokens)
         except BudgetExhausted as exc:
             self._record_budget_stop(exc.reason, "refused", stage="reflection")
             raise
@@ -397,13 +405,24 @@ class Bridge:
                 iteration=it.number, parent_id=it.parent_id, child_id=it.child_id,
                 module=self.module_of.get(component, component) if component else None,
                 proposer_model=ctx.spec.proposer.model,
-                edit_format="library_template" if self.params.reflection_prompt_template else "library_default",
+                edit_format=self.edit_format,
                 attempts=len(records), status=status, changed=status == "changed", accepted=bool(it.accepted),
                 parent_minibatch_score=parent_score, child_minibatch_score=child_score,
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                 cost_usd=ctx.proposer_cost(prompt_tokens, completion_tokens),
                 latency_s=sum(r["latency_s"] for r in records), error=error,
             )
+
+
+def reflection_template(params: GepaLibraryParams, task_info: dict[str, Any] | None) -> str | None:
+    """The library's reflection prompt: the configured template, else its default headed by
+    the task context our proposer shows (None: the library's default as it is)."""
+    if params.reflection_prompt_template is not None:
+        return params.reflection_prompt_template
+    context = task_context(task_info) if params.use_task_info else None
+    if not context:
+        return None
+    return f"Task context:\n{context}\n\n{InstructionProposalSignature.default_prompt_template}"
 
 
 def _text_of(content: Any) -> str:

@@ -91,7 +91,7 @@ class GepaLibraryOptimizer:
                 skip_perfect_score=p.skip_perfect_score,
                 reflection_minibatch_size=min(p.minibatch_size, len(ctx.pools.train)),
                 perfect_score=p.perfect_score,
-                reflection_prompt_template=p.reflection_prompt_template,
+                reflection_prompt_template=bridge.prompt_template,
                 module_selector=p.module_selector,
                 max_metric_calls=budget,
                 stop_callbacks=[bridge],

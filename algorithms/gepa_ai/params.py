@@ -20,10 +20,14 @@ class GepaLibraryParams(BaseModel):
     acceptance_criterion: Literal["strict_improvement", "improvement_or_equal"] = "strict_improvement"
     skip_perfect_score: bool = True
     perfect_score: float = 1.0
-    proposer_temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    proposer_max_tokens: int = Field(default=300, gt=0)
+    # None: the proposer model's own settings (configs/proposer/*.yaml), as for our GEPA
+    proposer_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    proposer_max_tokens: int | None = Field(default=None, gt=0)
     # None: the library's default reflection prompt; else a template with <curr_param> and <side_info>
     reflection_prompt_template: str | None = None
+    # the container's task context (its description and whole answer space) heads the
+    # reflection prompt, as our proposer shows it: same information for both arms
+    use_task_info: bool = True
     # stop when this many iterations in a row spent no rollouts (the library would spin on cache hits)
     max_idle_iterations: int = Field(default=25, gt=0)
     # consecutive failed proposer calls (after the client's retries) that fail the run, as ours;

@@ -6,6 +6,7 @@ Run: `python -m benchmarks.containers.banking77 --port 8123 --data-dir /path/to/
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import random
 from typing import Any
@@ -33,6 +34,11 @@ SEED_SYSTEM = (
 USER_TEMPLATE = "Intent labels:\n{labels}\n\nCustomer message:\n{query}\n\nAnswer with the intent label only."
 
 _STRIP = " \t\"'`*"
+# Feedback quotes example messages per intent from train rows at or after this index, which
+# no pool of the shipped configs reaches (they use train:0..199): feedback never shows a
+# row that the optimizer is judged on.
+EXAMPLE_BANK_START = 5000
+EXAMPLES_PER_LABEL = 2
 
 
 def normalize_label(text: str) -> str:
@@ -63,6 +69,7 @@ class Banking77(TaskContainer):
         super().__init__(data_dir)
         self._labels: list[str] | None = None
         self._canon_labels: frozenset[str] = frozenset()
+        self._examples: dict[str, list[str]] | None = None
 
     def _file(self, filename: str) -> str:
         url, sha = FILES[filename]
@@ -91,6 +98,25 @@ class Banking77(TaskContainer):
             self._canon_labels = frozenset(_canon(label) for label in self._labels)
         return self._labels
 
+    def examples(self, label: str) -> list[str]:
+        """Short example messages of an intent, from the example bank (see EXAMPLE_BANK_START)."""
+        if self._examples is None:
+            bank: dict[str, list[str]] = {}
+            for row in self.splits()["train"][EXAMPLE_BANK_START:]:
+                bank.setdefault(row["label"], []).append(" ".join(row["text"].split()))
+            # the shortest few: contrast fits in the feedback, and the choice is deterministic
+            self._examples = {k: sorted(v, key=lambda t: (len(t), t))[:EXAMPLES_PER_LABEL] for k, v in bank.items()}
+        return self._examples.get(label, [])
+
+    def _like(self, label: str) -> str:
+        shown = "; ".join(f'"{t}"' for t in self.examples(label))
+        return f" (messages like {shown})" if shown else ""
+
+    def nearest_label(self, answer: str) -> str | None:
+        labels = {_canon(label): label for label in self.labels()}
+        match = difflib.get_close_matches(_canon(answer), list(labels), n=1, cutoff=0.5)
+        return labels[match[0]] if match else None
+
     def program(self) -> ProgramResponse:
         return ProgramResponse(
             version=PROGRAM_VERSION,
@@ -108,25 +134,31 @@ class Banking77(TaskContainer):
         user = USER_TEMPLATE.format(labels="\n".join(self.labels()), query=row["text"])
         return [ChatMessage(role="system", content=candidate["stage2_system"]), ChatMessage(role="user", content=user)]
 
+    def reflection_input(self, row: Row) -> str:
+        return row["text"]  # the label list is the same for every row
+
     def score(self, row: Row, output_text: str) -> tuple[float, str]:
         """1 for exactly the label after trimming whitespace, else 0. The feedback tells a
-        near miss (the right label in another spelling) apart from a wrong label."""
+        near miss (the right label in another spelling) apart from a wrong label, and
+        contrasts the expected and the given intent with example messages of each."""
         expected = row["label"]
         answer = output_text.strip()
         if answer == expected.strip():
             return 1.0, f"Correct: `{expected}`."
         if not answer:
-            return 0.0, f"Wrong: expected intent `{expected}`, the answer was empty."
+            return 0.0, f"Wrong: expected intent `{expected}`{self._like(expected)}, the answer was empty."
         shown = answer if len(answer) <= 80 else answer[:77] + "..."
         given = normalize_label(answer)
         if _canon(given) == _canon(expected):
             return 0.0, (f"Wrong format: the intent `{expected}` is right but the answer was `{shown}`; "
                          "reply with the label exactly as listed and nothing else.")
-        feedback = f"Wrong: expected intent `{expected}`, the answer was `{shown}`."
+        feedback = f"Wrong: expected intent `{expected}`{self._like(expected)}, the answer was `{shown}`"
         self.labels()
-        if _canon(given) not in self._canon_labels:
-            feedback += f" `{given}` is not one of the 77 intent labels; answer with a label from the list exactly."
-        return 0.0, feedback
+        if _canon(given) in self._canon_labels:
+            return 0.0, feedback + f", which is for other messages{self._like(self.nearest_label(given) or given)}."
+        nearest = self.nearest_label(given)
+        hint = f" The nearest valid label is `{nearest}`." if nearest else ""
+        return 0.0, feedback + f". `{given}` is not one of the 77 intent labels.{hint} Answer with a label from the list exactly."
 
     def task_info(self) -> dict[str, Any]:
         return {

@@ -71,30 +71,35 @@ def describe(row: Row) -> str:
 
 def findings(row: Row, disease: bool) -> list[str]:
     """Findings that point toward `disease` (True) or away from it, strongest first
-    (roughly the features' usual importance on this dataset)."""
+    (roughly the features' usual importance on this dataset), each written as the line the
+    policy sees in `describe` (`Thallium stress test: reversible defect`), so rules learned
+    from feedback name what is in the prompt."""
     thal, ca, cp, oldpeak = row["thal"], row["ca"], row["cp"], row["oldpeak"]
     exang, slope, thalach = row["exang"], row["slope"], row["thalach"]
-    toward: list[tuple[bool, str]] = []  # (holds, text)
+    shown = dict(line.split(": ", 1) for line in describe(row).splitlines())
+
+    def line(name: str) -> str:
+        return f"{name}: {shown[name]}"
+
     if disease:
-        toward += [
-            (thal == 7, "a reversible defect on the thallium stress test"),
-            (thal == 6, "a fixed defect on the thallium stress test"),
-            (ca is not None and ca >= 1, f"{_num(ca)} major vessel(s) coloured by fluoroscopy"),
-            (cp == 4, "asymptomatic chest pain (the chest pain type most linked to disease here)"),
-            (oldpeak is not None and oldpeak >= 2, f"marked ST depression on exercise ({_num(oldpeak)})"),
-            (exang == 1, "angina brought on by exercise"),
-            (slope in (2, 3), f"a {_coded(_SLOPE, slope)} peak exercise ST segment"),
-            (thalach is not None and thalach < 140, f"a low maximum heart rate ({_num(thalach)} bpm)"),
+        toward = [
+            (thal in (6, 7), line("Thallium stress test")),
+            (ca is not None and ca >= 1, line("Major vessels coloured by fluoroscopy")),
+            (cp == 4, line("Chest pain type")),
+            (oldpeak is not None and oldpeak >= 2, line("ST depression induced by exercise relative to rest")),
+            (exang == 1, line("Exercise-induced angina")),
+            (slope in (2, 3), line("Slope of the peak exercise ST segment")),
+            (thalach is not None and thalach < 140, line("Maximum heart rate achieved")),
         ]
     else:
-        toward += [
-            (thal == 3, "a normal thallium stress test"),
-            (ca == 0, "no major vessels coloured by fluoroscopy"),
-            (cp in (1, 2, 3), f"{_coded(_CHEST_PAIN, cp)} rather than asymptomatic chest pain"),
-            (oldpeak is not None and oldpeak < 1, "little or no ST depression on exercise"),
-            (exang == 0, "no angina brought on by exercise"),
-            (slope == 1, "an upsloping peak exercise ST segment"),
-            (thalach is not None and thalach >= 160, f"a high maximum heart rate ({_num(thalach)} bpm)"),
+        toward = [
+            (thal == 3, line("Thallium stress test")),
+            (ca == 0, line("Major vessels coloured by fluoroscopy")),
+            (cp in (1, 2, 3), line("Chest pain type")),
+            (oldpeak is not None and oldpeak < 1, line("ST depression induced by exercise relative to rest")),
+            (exang == 0, line("Exercise-induced angina")),
+            (slope == 1, line("Slope of the peak exercise ST segment")),
+            (thalach is not None and thalach >= 160, line("Maximum heart rate achieved")),
         ]
     return [text for holds, text in toward if holds]
 
@@ -150,6 +155,9 @@ class HeartDisease(TaskContainer):
         user = USER_TEMPLATE.format(features=describe(row))
         return [ChatMessage(role="system", content=candidate["system"]), ChatMessage(role="user", content=user)]
 
+    def reflection_input(self, row: Row) -> str:
+        return describe(row)
+
     def score(self, row: Row, output_text: str) -> tuple[float, str]:
         expected = LABELS[int(row["target"])]
         given = normalize_answer(output_text)
@@ -162,8 +170,11 @@ class HeartDisease(TaskContainer):
             feedback += " The answer must start with 'yes' or 'no'."
         strongest = findings(row, disease=expected == "yes")[:3]
         if strongest:
-            feedback += " Strongest findings pointing to " + ("disease" if expected == "yes" else "no disease")
-            feedback += ": " + "; ".join(strongest) + "."
+            feedback += " Findings in this patient's results that point to " + (
+                "disease" if expected == "yes" else "no disease") + ": " + "; ".join(strongest) + "."
+        against = findings(row, disease=expected != "yes")[:2]
+        if against and given in LABELS:
+            feedback += " The answer may have followed " + "; ".join(against) + ", which weigh less here."
         return 0.0, feedback
 
     def task_info(self) -> dict[str, Any]:

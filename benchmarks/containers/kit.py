@@ -106,6 +106,13 @@ class TaskContainer(ABC):
     def labels(self) -> list[str] | None:
         return None
 
+    def reflection_input(self, row: Row) -> str | None:
+        """What the policy saw of `row`, for the optimizer's reflection (sent as
+        `actionable_side_info.inputs`): by default the rendered non-system messages of the
+        seed candidate. Override to leave out what every row shares (a long label list)."""
+        seed = self.program().seed_candidate
+        return "\n\n".join(m.content for m in self.render(seed, row) if m.role != "system")
+
     def task_info(self) -> dict[str, Any]:
         return {}
 
@@ -323,7 +330,7 @@ def build_app(
             reward_info=RewardInfo(outcome_reward=float(reward)),
             objective_scores=container.objectives(row, result.text),
             usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, cost_usd=None),
-            trace=trace, actionable_side_info=SideInfo(feedback=feedback),
+            trace=trace, actionable_side_info=SideInfo(feedback=feedback, inputs=container.reflection_input(row)),
         )
         return done.model_dump(mode="json")
 

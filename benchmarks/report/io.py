@@ -27,7 +27,8 @@ CANDIDATE_COLUMNS = ("run_id", "candidate_id", "index", "rollouts_at_creation", 
                      "elapsed_s_at_creation")
 RUNS_SCHEMA: dict[str, Any] = {
     "run_id": pl.String, "task": pl.String, "stack": pl.String, "seed": pl.Int64, "status": pl.String,
-    "seed_candidate_id": pl.String, "policy_model": pl.String, "proposer_model": pl.String,
+    "seed_candidate_id": pl.String, "pick_candidate_id": pl.String, "policy_model": pl.String,
+    "proposer_model": pl.String,
 }
 FLOAT_DIGITS = 9
 
@@ -171,6 +172,7 @@ def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
             "seed": int(seed) if seed is not None else None,
             "status": manifest.get("status", "failed" if point["run_id"] in failed_early else "missing"),
             "seed_candidate_id": manifest.get("seed_candidate_id"),
+            "pick_candidate_id": manifest.get("best_candidate_id"),  # the run's own pick
             "policy_model": (spec.get("policy") or {}).get("model"),
             "proposer_model": (spec.get("proposer") or {}).get("model"),
             **{axis: point.get(axis, "-") for axis in axes},

@@ -68,6 +68,14 @@ PROPOSALS = pa.schema(
         ("cost_usd", pa.float64()),
         ("latency_s", pa.float64()),
         ("error", pa.string()),
+        # what the proposer was asked (JSON chat messages) and its raw replies, so a failed
+        # proposal can be inspected; what the free screen dropped, by reason
+        ("proposer_prompt", pa.string()),
+        ("proposer_replies", pa.list_(pa.string())),
+        ("screened_out_json", pa.string()),
+        ("truncated_replies", pa.int64()),
+        ("learned_lines", pa.int64()),  # learned lines in the child's module
+        ("merged_from", pa.list_(pa.string())),  # a merge's two parents
     ]
 )
 

@@ -1,0 +1,235 @@
+"""What a proposer reply may change in a module, and the free screen it passes first.
+
+A module's text is its base instruction plus learned sections (`Rules learned from
+mistakes:`, `Answer guide:`), one `- ` line per learned item. Replies are parsed into
+lines, screened without any rollout (a cut-off last line, an answer that is not in the
+task's answer space or several at once, a line copied from an example), then appended to,
+or (consolidation) substituted for, a section. Keeping edits at line level keeps small
+proposers useful and prompt growth bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+SECTION_HEADINGS = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:"}
+# `consolidate` rewrites the rules section in place; `rewrite` replaces the whole module
+SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolidate": "rules"}
+
+_FENCE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
+_LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
+_GUIDE_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*[`'\"*]*([A-Za-z0-9_?\- ]{1,60}?)[`'\"*]*\s*[:–—-]\s+(.{8,})$")
+_QUOTED = re.compile(r"[`'\"]([^`'\"\n]{1,60})[`'\"]")
+_SNAKE = re.compile(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\??")
+_AFTER_ANSWER = re.compile(r"\b(?:answer|label|intent|reply|respond)(?:\s+(?:is|with|should\s+be|must\s+be))?"
+                           r"\s*[:=]?\s*\**[`'\"]?([A-Za-z0-9_?\-]+)", re.I)
+# Lines a small model copies from the request instead of writing: template placeholders,
+# feedback echoes, non-answers.
+_JUNK_LINE = re.compile(r"<[a-z _]+>|the answer was|answer:\s*`?(unknown|not_determined|none)`?\s*$", re.I)
+_WORD = re.compile(r"[a-z0-9]+")
+COPY_RUN = 7  # this many consecutive words shared with an example input or feedback: copied, not learned
+
+
+class ScreenedLine(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    text: str  # "- ..." as it goes into the module
+    label: str | None = None  # the one answer it names, when the task has an answer space
+    relevant: bool = True  # about one of the minibatch's failures
+
+
+class Screen(BaseModel):
+    """What a reply yielded: the lines kept, and how many were dropped and why."""
+
+    model_config = ConfigDict(frozen=True)
+    lines: tuple[ScreenedLine, ...] = ()
+    dropped: dict[str, int] = {}
+
+
+def canon(label: str) -> str:
+    return label.strip().strip("`'\"*").rstrip(".").rstrip("?").strip().lower()
+
+
+def strip_fence(reply: str) -> str:
+    match = _FENCE.search(reply)
+    return (match.group(1) if match else reply).strip()
+
+
+def reply_lines(reply: str, finish_reason: str | None, edit_format: str) -> tuple[list[str], bool]:
+    """The item lines of a reply, and whether a cut-off last line was dropped."""
+    raw = [line for line in strip_fence(reply).splitlines() if line.strip()]
+    cut = finish_reason == "length" and bool(raw)
+    if cut:
+        raw = raw[:-1]
+    if edit_format == "answer_guide":
+        return [line for line in raw if _GUIDE_LINE.match(line) or _LIST_LINE.match(line)], cut
+    return [line for line in raw if _LIST_LINE.match(line)], cut
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def copies_from(line: str, sources: Iterable[str], run: int = COPY_RUN) -> bool:
+    """True when `line` shares `run` consecutive words with any source text."""
+    words = _words(line)
+    if len(words) < run:
+        return False
+    grams = {tuple(words[i:i + run]) for i in range(len(words) - run + 1)}
+    for source in sources:
+        src = _words(source)
+        if any(tuple(src[i:i + run]) in grams for i in range(len(src) - run + 1)):
+            return True
+    return False
+
+
+def named_labels(line: str, labels: dict[str, str]) -> tuple[set[str], set[str]]:
+    """(valid labels the line names, label-shaped names that are not labels). `labels`
+    maps canonical form -> label as listed."""
+    valid: set[str] = set()
+    invalid: set[str] = set()
+    for token in _QUOTED.findall(line) + _SNAKE.findall(line):
+        key = canon(token)
+        if key in labels:
+            valid.add(labels[key])
+        elif " " not in key and ("_" in key or "`" in line):
+            invalid.add(token.strip())
+    for token in _AFTER_ANSWER.findall(line):
+        key = canon(token)
+        if key in labels:
+            valid.add(labels[key])
+    return valid, invalid
+
+
+def _guide_label(line: str, labels: dict[str, str]) -> str | None:
+    match = _GUIDE_LINE.match(line)
+    if not match:
+        return None
+    return labels.get(canon(match.group(1)))
+
+
+def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | None, existing: Sequence[str],
+           failure_text: Sequence[str], example_text: Sequence[str]) -> Screen:
+    """Keep the lines worth a rollout. With an answer space (`labels`), a line must name
+    exactly one valid answer; it is relevant when that answer appears in a failure's
+    feedback. Without one (open-ended answers), a line must not copy an example or its
+    feedback: that memorises one row instead of teaching the task."""
+    by_canon = {canon(label): label for label in labels or []}
+    seen = {line.strip().lower() for line in existing}
+    kept: list[ScreenedLine] = []
+    dropped: dict[str, int] = {}
+
+    def drop(why: str) -> None:
+        dropped[why] = dropped.get(why, 0) + 1
+
+    failures = " ".join(failure_text)
+    for raw in lines:
+        item = _LIST_LINE.match(raw)
+        body = (item.group(1) if item else raw).strip()
+        text = "- " + body
+        if len(body) < 8 or _JUNK_LINE.search(body):
+            drop("junk")
+            continue
+        if len(body) > 300:
+            drop("too_long")
+            continue
+        if text.lower() in seen:
+            drop("duplicate")
+            continue
+        if not by_canon and copies_from(body, example_text):
+            drop("copies_an_example")
+            continue
+        label: str | None = None
+        if by_canon:
+            if edit_format == "answer_guide":
+                label = _guide_label(body, by_canon)
+                if label is None:
+                    drop("no_valid_answer")
+                    continue
+            else:
+                valid, invalid = named_labels(body, by_canon)
+                if invalid:
+                    drop("invalid_answer")
+                    continue
+                if len(valid) != 1:
+                    drop("no_valid_answer" if not valid else "several_answers")
+                    continue
+                label = next(iter(valid))
+        relevant = label is None or label in failures or f"`{label}`" in failures
+        seen.add(text.lower())
+        kept.append(ScreenedLine(text=text, label=label, relevant=relevant))
+    return Screen(lines=tuple(kept), dropped=dropped)
+
+
+def pick(lines: Sequence[ScreenedLine], limit: int) -> list[ScreenedLine]:
+    """At most `limit` lines, those about the minibatch's failures first, one per answer
+    where possible, in reply order otherwise."""
+    ordered = [ln for ln in lines if ln.relevant] + [ln for ln in lines if not ln.relevant]
+    chosen: list[ScreenedLine] = []
+    labels: set[str | None] = set()
+    for line in ordered:  # first pass: one line per answer
+        if line.label is None or line.label not in labels:
+            chosen.append(line)
+            labels.add(line.label)
+    chosen += [ln for ln in ordered if ln not in chosen]
+    return chosen[:limit]
+
+
+# ---------------------------------------------------------------- module text
+
+
+class LearnedModule(BaseModel):
+    """A module's base text and its learned sections."""
+
+    model_config = ConfigDict(frozen=True)
+    base: str
+    sections: dict[str, tuple[str, ...]] = {}
+
+    @classmethod
+    def parse(cls, text: str) -> "LearnedModule":
+        positions = sorted((text.find(h), kind) for kind, h in SECTION_HEADINGS.items() if h in text)
+        if not positions:
+            return cls(base=text.rstrip())
+        base = text[:positions[0][0]].rstrip()
+        sections: dict[str, tuple[str, ...]] = {}
+        for i, (start, kind) in enumerate(positions):
+            end = positions[i + 1][0] if i + 1 < len(positions) else len(text)
+            body = text[start + len(SECTION_HEADINGS[kind]):end]
+            sections[kind] = tuple(line.strip() for line in body.splitlines() if line.strip())
+        return cls(base=base, sections=sections)
+
+    def lines(self, kind: str) -> tuple[str, ...]:
+        return self.sections.get(kind, ())
+
+    def all_lines(self) -> list[str]:
+        return [line for kind in SECTION_HEADINGS for line in self.lines(kind)]
+
+    def with_lines(self, kind: str, lines: Sequence[str]) -> "LearnedModule":
+        sections = dict(self.sections)
+        if lines:
+            sections[kind] = tuple(lines)
+        else:
+            sections.pop(kind, None)
+        return LearnedModule(base=self.base, sections=sections)
+
+    def render(self) -> str:
+        parts = [self.base]
+        for kind, heading in SECTION_HEADINGS.items():
+            if self.sections.get(kind):
+                parts.append(heading + "\n" + "\n".join(self.sections[kind]))
+        return "\n\n".join(parts)
+
+
+def union(first: str, second: str, cap: int) -> str:
+    """`first` with the learned lines of `second` it lacks (each section at most `cap` lines):
+    the merge of two one-module candidates that lead on different rows."""
+    a, b = LearnedModule.parse(first), LearnedModule.parse(second)
+    merged = a
+    for kind in SECTION_HEADINGS:
+        have = list(a.lines(kind))
+        known = {line.lower() for line in have}
+        extra = [line for line in b.lines(kind) if line.lower() not in known]
+        merged = merged.with_lines(kind, (have + extra)[:max(cap, len(have))])
+    return merged.render()

@@ -1,0 +1,132 @@
+"""One reflective proposal: sample several proposer replies for one module, screen them
+for free, and turn what survives into the child's module text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from algorithms.gepa.edits import (
+    SECTION_OF_FORMAT,
+    LearnedModule,
+    copies_from,
+    pick,
+    reply_lines,
+    screen,
+    strip_fence,
+)
+from algorithms.gepa.proposer import answer_space, build_messages, is_failure, reflection_examples
+from harness.candidates import RolloutResult
+from harness.llm import ChatMessage, ChatResult
+
+
+class EditSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    max_examples: int
+    max_new_lines: int
+    max_learned_lines: int
+
+
+class Proposal(BaseModel):
+    """The child's text (the parent's when nothing survived), how it was made, and the
+    proposer's prompt and raw replies for the evidence."""
+
+    model_config = ConfigDict(frozen=True)
+    text: str
+    status: str  # changed | unchanged | empty
+    edit_format: str
+    prompt: str
+    replies: tuple[str, ...] = ()
+    dropped: dict[str, int] = Field(default_factory=dict)
+    truncated_replies: int = 0
+
+
+class Rotation:
+    """Which module an iteration edits (round robin over iterations) and that module's turn
+    in its own rotation of edit formats: with two modules and two formats, each module
+    still gets both formats."""
+
+    def __init__(self, modules: Sequence[str]):
+        self.modules = list(modules)
+        self.turns: dict[str, int] = {}
+
+    def next(self, iteration: int) -> tuple[str, int]:
+        module = self.modules[iteration % len(self.modules)]
+        turn = self.turns.get(module, 0)
+        self.turns[module] = turn + 1
+        return module, turn
+
+
+def choose_format(module_text: str, formats: Sequence[str], turn: int, settings: EditSettings) -> str:
+    """The `turn`-th format of this module's rotation; a full rules section is consolidated
+    instead of growing further."""
+    edit_format = formats[turn % len(formats)]
+    section = SECTION_OF_FORMAT.get(edit_format)
+    if section == "rules" and len(LearnedModule.parse(module_text).lines("rules")) >= settings.max_learned_lines:
+        return "consolidate"
+    return edit_format
+
+
+def request(module_text: str, results: Sequence[RolloutResult], edit_format: str,
+            task_info: dict[str, Any] | None, settings: EditSettings) -> list[ChatMessage]:
+    return build_messages(module_text, results, edit_format, task_info, settings.max_examples,
+                          settings.max_new_lines, settings.max_learned_lines // 2)
+
+
+def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatResult], edit_format: str,
+          results: Sequence[RolloutResult], task_info: dict[str, Any] | None, settings: EditSettings) -> Proposal:
+    """The child text from the sampled replies to one request."""
+    prompt = json.dumps([m.model_dump() for m in messages], ensure_ascii=False)
+    texts = tuple(r.text for r in replies)
+    truncated = sum(r.finish_reason == "length" for r in replies)
+    base = dict(edit_format=edit_format, prompt=prompt, replies=texts, truncated_replies=truncated)
+    if not any(t.strip() for t in texts):
+        return Proposal(text=module_text, status="empty", **base)
+    shown = reflection_examples(results, settings.max_examples)
+    examples = [getattr(r, "inputs", None) or "" for r in shown] + [r.feedback for r in shown]
+    failures = [r.feedback for r in shown if is_failure(r)]
+    if edit_format == "rewrite":
+        # with an answer space the answer check is in the task's scoring; the copy check
+        # is for open-ended answers, where a pasted example memorises one row
+        return _rewrite(module_text, replies, [] if answer_space(task_info) else examples, base)
+    module = LearnedModule.parse(module_text)
+    section = SECTION_OF_FORMAT[edit_format]
+    existing = [] if edit_format == "consolidate" else module.all_lines()
+    lines: list[str] = []
+    for reply in replies:
+        lines += reply_lines(reply.text, reply.finish_reason, edit_format)[0]
+    screened = screen(lines, edit_format, labels=answer_space(task_info), existing=existing,
+                      failure_text=failures, example_text=examples)
+    if edit_format == "consolidate":
+        kept = [ln.text for ln in screened.lines][:settings.max_learned_lines // 2]
+        changed = bool(kept) and kept != list(module.lines(section))
+        text = module.with_lines(section, kept).render() if changed else module_text
+    else:
+        room = max(0, settings.max_learned_lines - len(module.lines(section)))
+        new = [ln.text for ln in pick(screened.lines, min(settings.max_new_lines, room))]
+        changed = bool(new)
+        text = module.with_lines(section, [*module.lines(section), *new]).render() if changed else module_text
+    return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
+
+
+def _rewrite(module_text: str, replies: Sequence[ChatResult], examples: list[str], base: dict[str, Any]) -> Proposal:
+    """The first whole reply that is complete, new, bounded in length and not pasted from
+    an example or its feedback."""
+    dropped: dict[str, int] = {}
+    for reply in replies:
+        text = strip_fence(reply.text)
+        why = None
+        if reply.finish_reason == "length":
+            why = "truncated"
+        elif not text or text.strip() == module_text.strip():
+            why = "unchanged"
+        elif len(text) > 2 * len(module_text) + 1500:  # bounded growth: the policy has a small context
+            why = "too_long"
+        elif examples and any(copies_from(line, examples) for line in text.splitlines()):
+            why = "copies_an_example"
+        if why is None:
+            return Proposal(text=text, status="changed", dropped=dropped, **base)
+        dropped[why] = dropped.get(why, 0) + 1
+    return Proposal(text=module_text, status="unchanged", dropped=dropped, **base)

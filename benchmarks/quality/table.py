@@ -1,0 +1,123 @@
+"""The quality table from the evidence alone: one row per run (the lift of its own pick on
+heldout over the seed prompt, on the same rows), then per task and arm the per-seed lifts,
+their mean and a 95% percentile bootstrap interval over seeds, wall time and rollouts.
+
+A run that is not `done` is listed as such and left out of the means: missing evidence is
+never a zero."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+BOOTSTRAP_RESAMPLES = 10_000
+RUN_COLUMNS = ("task", "arm", "seed", "status", "policy", "proposer", "seed_heldout", "pick_heldout", "lift",
+               "heldout_rows", "failed_heldout_rows", "pick_id", "rollouts", "proposals", "accepted", "wall_s",
+               "optimize_s", "stop_reason", "run_id")
+
+
+def _scored_rows(run_dir: Path, candidate_id: str | None) -> tuple[int, int]:
+    """(heldout rows with a reward, heldout rows without one) of a candidate."""
+    path = run_dir / "rollouts.parquet"
+    if candidate_id is None or not path.exists():
+        return 0, 0
+    rows = pl.read_parquet(path, columns=["candidate_id", "stage", "status", "reward"]).filter(
+        (pl.col("candidate_id") == candidate_id) & (pl.col("stage") == "heldout"))
+    ok = rows.filter((pl.col("status") == "ok") & pl.col("reward").is_not_null()).height
+    return ok, rows.height - ok
+
+
+def run_row(run_dir: Path) -> dict[str, Any]:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    spec, totals = manifest["spec"], manifest.get("totals", {})
+    heldout = {h["candidate_id"]: h["heldout_score"] for h in manifest.get("heldout", [])}
+    seed_id, pick_id = manifest.get("seed_candidate_id"), manifest.get("best_candidate_id")
+    seed_score, pick_score = heldout.get(seed_id), heldout.get(pick_id)
+    done = manifest["status"] == "done" and seed_score is not None and pick_score is not None
+    scored, failed = _scored_rows(run_dir, pick_id)
+    timings = manifest.get("timings", {})
+    return {
+        "task": spec["container"]["name"], "arm": spec["algorithm"]["name"], "seed": spec["seed"],
+        "status": manifest["status"], "policy": spec["policy"]["model"], "proposer": spec["proposer"]["model"],
+        "seed_heldout": seed_score, "pick_heldout": pick_score,
+        "lift": (pick_score - seed_score) if done else None,
+        "heldout_rows": scored, "failed_heldout_rows": failed, "pick_id": pick_id,
+        "rollouts": totals.get("rollouts"), "proposals": totals.get("proposals"),
+        "accepted": totals.get("proposals_accepted"), "wall_s": timings.get("wall_s"),
+        "optimize_s": timings.get("optimize_s"), "stop_reason": manifest.get("stop_reason"),
+        "run_id": manifest["run_id"],
+    }
+
+
+def runs(sweep_dir: Path) -> pl.DataFrame:
+    rows = [run_row(p.parent) for p in sorted(sweep_dir.glob("*/manifest.json"))]
+    schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "wall_s", "optimize_s")} | {
+        c: pl.Int64 for c in ("seed", "heldout_rows", "failed_heldout_rows", "rollouts", "proposals", "accepted")}
+    frame = pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None) if rows else pl.DataFrame(
+        schema={c: schema.get(c, pl.Utf8) for c in RUN_COLUMNS})
+    return frame.select(RUN_COLUMNS).sort("task", "arm", "seed")
+
+
+def bootstrap_ci(values: list[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over `values` (fixed resample plan)."""
+    data = np.asarray(values, dtype=float)
+    if len(data) == 1:
+        return float(data[0]), float(data[0])
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
+def summary(per_run: pl.DataFrame) -> pl.DataFrame:
+    out = []
+    for (task, arm), cell in per_run.group_by("task", "arm", maintain_order=True):
+        done = cell.filter(pl.col("lift").is_not_null()).sort("seed")
+        lifts = done["lift"].to_list()
+        lo, hi = bootstrap_ci(lifts) if lifts else (None, None)
+        out.append({
+            "task": task, "arm": arm, "seeds_done": len(lifts), "runs_not_done": cell.height - len(lifts),
+            "lifts": ", ".join(f"s{s}: {v:+.3f}" for s, v in zip(done["seed"], lifts)),
+            "seed_heldout_mean": done["seed_heldout"].mean(), "pick_heldout_mean": done["pick_heldout"].mean(),
+            "lift_mean": float(np.mean(lifts)) if lifts else None, "lift_lo": lo, "lift_hi": hi,
+            "heldout_rows": done["heldout_rows"].min(), "rollouts_mean": done["rollouts"].mean(),
+            "wall_s_mean": done["wall_s"].mean(),
+        })
+    return pl.DataFrame(out, infer_schema_length=None).sort("task", "arm") if out else pl.DataFrame()
+
+
+def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str) -> str:
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    models = per_run.select("policy", "proposer").unique().rows()
+    lines = [f"# {title}", "",
+             "Lift = heldout score of the run's own pick (best pareto mean) minus the seed prompt's, on the same "
+             "heldout rows. Mean over seeds with a 95% percentile bootstrap interval over seeds; runs not `done` "
+             "are counted apart, never as zero.", "",
+             "Models (policy, proposer): " + "; ".join(f"{p}, {q}" for p, q in models), "",
+             "| task | arm | seeds | per-seed lift | mean lift [95% CI] | seed -> pick (mean) | heldout rows | "
+             "rollouts | wall (min) |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in cells.iter_rows(named=True):
+        ci = f"{num(row['lift_mean'], '+.3f')} [{num(row['lift_lo'], '+.3f')}, {num(row['lift_hi'], '+.3f')}]"
+        note = f" (+{row['runs_not_done']} not done)" if row["runs_not_done"] else ""
+        wall = None if row["wall_s_mean"] is None else row["wall_s_mean"] / 60
+        lines.append(f"| {row['task']} | {row['arm']} | {row['seeds_done']}{note} | {row['lifts'] or '-'} | {ci} | "
+                     f"{num(row['seed_heldout_mean'], '.3f')} -> {num(row['pick_heldout_mean'], '.3f')} | "
+                     f"{num(row['heldout_rows'], 'd')} | {num(row['rollouts_mean'], '.0f')} | {num(wall, '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(sweep_dir: Path, out_dir: Path, title: str) -> pl.DataFrame:
+    per_run = runs(sweep_dir)
+    cells = summary(per_run)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_run.write_parquet(out_dir / "runs.parquet")
+    if cells.height:
+        cells.write_parquet(out_dir / "summary.parquet")
+    (out_dir / "summary.md").write_text(markdown(per_run, cells, title) if cells.height else f"# {title}\n\nno runs yet\n")
+    return cells

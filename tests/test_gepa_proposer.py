@@ -1,0 +1,227 @@
+"""Our GEPA's proposer without a model: the request it builds, the free screen of replies,
+how replies change a module (append, answer guide, consolidate, rewrite), merges, and the
+minibatch sampler."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from algorithms.gepa.edits import LearnedModule, named_labels, union
+from algorithms.gepa.optimizer import GepaParams, MinibatchSampler
+from algorithms.gepa.proposer import build_messages, task_context
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format
+from harness.candidates import RolloutResult
+from harness.llm import ChatResult
+
+SEED = "Classify the message.\nReply with the label only."
+SETTINGS = EditSettings(max_examples=4, max_new_lines=4, max_learned_lines=12)
+LABELS = ["card_arrival", "card_delivery_estimate", "exchange_rate", "top_up_failed", "refund_not_showing_up"]
+
+
+def reply(text: str, finish: str = "stop") -> ChatResult:
+    return ChatResult(text=text, prompt_tokens=0, completion_tokens=0, latency_s=0.0, finish_reason=finish)
+
+
+def propose(module: str, replies: list[str] | str, edit_format: str, *, labels: list[str] | None = None,
+            finish: str = "stop", results: list[RolloutResult] | None = None,
+            settings: EditSettings = SETTINGS) -> Proposal:
+    texts = [replies] if isinstance(replies, str) else replies
+    info = {"description": "classify", "labels": labels} if labels else None
+    return apply(module, [], [reply(t, finish) for t in texts], edit_format, results or [], info, settings)
+
+
+def failure(expected: str, given: str, inputs: str = "where is my card") -> RolloutResult:
+    return RolloutResult(candidate_id="c0", task_id="train:1", reward=0.0, status="ok", output=given,
+                         feedback=f"Wrong: expected intent `{expected}`, the answer was `{given}`.",
+                         task={"text": inputs, "label": expected}, inputs=inputs)
+
+
+# ---------------------------------------------------------------- module text
+
+
+@pytest.mark.parametrize("text, new, status", [
+    ("```\nNew instruction.\n```", "New instruction.", "changed"),
+    ("Sure! Here it is:\n```text\nNew instruction.\nLine two.\n```\nGood luck.", "New instruction.\nLine two.", "changed"),
+    ("  New instruction, no fence.  ", "New instruction, no fence.", "changed"),
+    (f"```\n{SEED}\n```", SEED, "unchanged"),
+    (f"\n{SEED}\n\n", SEED, "unchanged"),
+])
+def test_rewrite_takes_the_fenced_block_or_the_whole_reply(text: str, new: str, status: str) -> None:
+    proposal = propose(SEED, text, "rewrite")
+    assert (proposal.text, proposal.status) == (new, status)
+
+
+def test_a_truncated_rewrite_is_not_taken_and_the_next_sample_is() -> None:
+    cut = propose(SEED, "```\nNew instruction that was cut o", "rewrite", finish="length")
+    assert cut.status == "unchanged" and cut.dropped == {"truncated": 1} and cut.truncated_replies == 1
+    second = apply(SEED, [], [reply("```\nCut", "length"), reply("```\nWhole one.\n```")], "rewrite", [], None,
+                   SETTINGS)
+    assert (second.text, second.status) == ("Whole one.", "changed")
+
+
+@pytest.mark.parametrize("text", ["", "   \n ", "```\n```"])
+def test_empty_reply_keeps_the_module(text: str) -> None:
+    for edit_format in ("rewrite", "rules", "answer_guide"):
+        proposal = propose(SEED, text, edit_format)
+        assert proposal.text == SEED and proposal.status in ("empty", "unchanged")
+    assert propose(SEED, "", "rules").status == "empty"
+
+
+def test_rules_append_new_list_lines_under_one_heading() -> None:
+    text = "Here are rules:\n```\n- If refund, answer: refund\n* If card, answer: card\n1. If pin, answer: pin\nprose\n```"
+    first = propose(SEED, text, "rules")
+    assert first.status == "changed"
+    assert first.text == (f"{SEED}\n\nRules learned from mistakes:\n- If refund, answer: refund\n"
+                          "- If card, answer: card\n- If pin, answer: pin")
+    # a second edit adds only lines not already present, under the same heading
+    second = propose(first.text, "- If card, answer: card\n- If cash, answer: cash\n- if CASH, answer: cash", "rules")
+    assert second.text == first.text + "\n- If cash, answer: cash" and second.text.count("Rules learned") == 1
+    assert propose(second.text, "- If card, answer: card", "rules").status == "unchanged"
+    many = propose(SEED, "\n".join(f"- rule number {i} is long" for i in range(20)), "rules",
+                   settings=SETTINGS.model_copy(update={"max_new_lines": 3}))
+    assert many.text.count("- rule number") == 3
+
+
+def test_answer_guide_takes_plain_label_lines() -> None:
+    """The request asks for `label: description` lines; they are what the reply has."""
+    text = ("card_arrival: the customer asks where a card they ordered is\n"
+            "`exchange_rate`: questions about the rate used to convert currencies\n"
+            "not_a_label: something else entirely here\n"
+            "Here you go!")
+    proposal = propose(SEED, text, "answer_guide", labels=LABELS,
+                       results=[failure("card_arrival", "exchange_rate"), failure("exchange_rate", "card_arrival")])
+    assert proposal.status == "changed"
+    assert LearnedModule.parse(proposal.text).lines("answer_guide") == (
+        "- card_arrival: the customer asks where a card they ordered is",
+        "- `exchange_rate`: questions about the rate used to convert currencies")
+    assert proposal.dropped == {"no_valid_answer": 1}
+
+
+def test_a_cut_off_last_line_is_dropped() -> None:
+    text = "- If the input asks where a card is, answer `card_arrival`.\n- If the input asks about rates, answer `exch"
+    proposal = propose(SEED, text, "rules", labels=LABELS, finish="length")
+    assert LearnedModule.parse(proposal.text).lines("rules") == (
+        "- If the input asks where a card is, answer `card_arrival`.",)
+    assert proposal.truncated_replies == 1
+    # the same reply, complete: an answer that is not a label is dropped by the screen instead
+    whole = propose(SEED, text, "rules", labels=LABELS)
+    assert whole.dropped == {"no_valid_answer": 1}
+
+
+def test_the_screen_drops_invalid_and_several_answers() -> None:
+    text = "\n".join([
+        "- If the input is about topping up, answer `top_up`.",  # not a label
+        "- If the input mentions a fee, answer `card_arrival` or `exchange_rate`.",  # two
+        "- If the input asks about a rate, answer exchange_rate.",  # kept
+        "- Be careful and think step by step.",  # names no answer
+    ])
+    proposal = propose(SEED, text, "rules", labels=LABELS, results=[failure("exchange_rate", "card_arrival")])
+    assert LearnedModule.parse(proposal.text).lines("rules") == (
+        "- If the input asks about a rate, answer exchange_rate.",)
+    assert proposal.dropped == {"invalid_answer": 1, "several_answers": 1, "no_valid_answer": 1}
+
+
+def test_lines_about_the_minibatch_failures_come_first() -> None:
+    lines = [f"- If the input mentions {word}, answer `{label}`." for word, label in [
+        ("parcels", "card_delivery_estimate"), ("money back", "refund_not_showing_up"),
+        ("where my card is", "card_arrival"), ("rates", "exchange_rate")]]
+    proposal = propose(SEED, "\n".join(lines), "rules", labels=LABELS,
+                       results=[failure("card_arrival", "exchange_rate"), failure("exchange_rate", "card_arrival")],
+                       settings=SETTINGS.model_copy(update={"max_new_lines": 2}))
+    assert LearnedModule.parse(proposal.text).lines("rules") == tuple(lines[2:])
+
+
+def test_open_ended_lines_that_copy_an_example_are_dropped() -> None:
+    row = RolloutResult(candidate_id="c0", task_id="train:3", reward=0.0, status="ok", output="12",
+                        feedback="Wrong: expected 18. Janet sells 16 eggs a day and eats three for breakfast.",
+                        inputs="Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning.")
+    text = ("- If Janet's ducks lay 16 eggs per day and she eats three, the answer is 18.\n"
+            "- Subtract what is used before multiplying by the price.")
+    proposal = propose(SEED, text, "rules", results=[row])
+    assert LearnedModule.parse(proposal.text).lines("rules") == (
+        "- Subtract what is used before multiplying by the price.",)
+    assert proposal.dropped == {"copies_an_example": 1}
+
+
+def test_samples_are_pooled_and_deduplicated() -> None:
+    a = "- If the input asks where a card is, answer `card_arrival`."
+    b = "- If the input asks about a rate, answer `exchange_rate`."
+    proposal = propose(SEED, [a, f"{a}\n{b}"], "rules", labels=LABELS,
+                       results=[failure("card_arrival", "exchange_rate"), failure("exchange_rate", "card_arrival")])
+    assert LearnedModule.parse(proposal.text).lines("rules") == (a, b)
+    assert len(proposal.replies) == 2 and proposal.dropped == {"duplicate": 1}
+
+
+def test_a_full_rules_section_is_consolidated_not_grown() -> None:
+    settings = SETTINGS.model_copy(update={"max_learned_lines": 4})
+    rules = [f"- If the input mentions thing {i}, answer `card_arrival`." for i in range(4)]
+    full = LearnedModule(base=SEED).with_lines("rules", rules).render()
+    assert choose_format(full, ("rules", "answer_guide"), 0, settings) == "consolidate"
+    assert choose_format(full, ("rules", "answer_guide"), 1, settings) == "answer_guide"
+    assert choose_format(SEED, ("rules", "answer_guide"), 0, settings) == "rules"
+    merged = propose(full, "- If the input mentions any of the things, answer `card_arrival`.", "consolidate",
+                     labels=LABELS, settings=settings)
+    assert merged.status == "changed"
+    assert LearnedModule.parse(merged.text).lines("rules") == (
+        "- If the input mentions any of the things, answer `card_arrival`.",)
+    assert LearnedModule.parse(merged.text).base == SEED
+
+
+def test_union_merges_learned_lines_of_two_candidates() -> None:
+    one = LearnedModule(base=SEED).with_lines("rules", ["- a rule about cards"]).render()
+    two = LearnedModule(base=SEED).with_lines("rules", ["- a rule about rates", "- a rule about cards"]) \
+        .with_lines("answer_guide", ["- exchange_rate: rates"]).render()
+    merged = LearnedModule.parse(union(one, two, cap=12))
+    assert merged.lines("rules") == ("- a rule about cards", "- a rule about rates")
+    assert merged.lines("answer_guide") == ("- exchange_rate: rates",)
+    assert union(one, one, cap=12) == one
+
+
+def test_named_labels_reads_backticks_snake_case_and_the_word_after_answer() -> None:
+    labels = {label: label for label in LABELS} | {"yes": "yes", "no": "no"}
+    assert named_labels("- If so, answer `card_arrival`.", labels) == ({"card_arrival"}, set())
+    assert named_labels("- Reversible defect with no angina: answer yes", labels) == ({"yes"}, set())
+    assert named_labels("- Use top_up_pending here", labels) == (set(), {"top_up_pending"})
+
+
+# ---------------------------------------------------------------- the request
+
+
+def test_the_request_carries_the_whole_answer_space_and_what_the_policy_saw() -> None:
+    labels = [f"label_number_{i}" for i in range(77)]
+    context = task_context({"description": "Classify a message.", "labels": labels})
+    assert context is not None and all(label in context for label in labels)
+    messages = build_messages(SEED, [failure("label_number_3", "label_number_9", inputs="I want my money")],
+                              "rules", {"description": "Classify a message.", "labels": labels})
+    user = messages[1].content
+    assert all(label in user for label in labels)
+    assert "Input:\nI want my money\nOutput:\nlabel_number_9" in user
+    assert '"label"' not in user  # the raw row (with its answer) is not shown when the container says what was seen
+
+
+def test_proposer_settings_default_to_the_proposer_models_own() -> None:
+    params = GepaParams()
+    assert params.proposer_temperature is None and params.proposer_max_tokens is None
+
+
+def test_minibatches_cover_every_train_row_once_per_epoch() -> None:
+    rows = tuple(f"train:{i}" for i in range(10))
+    sampler = MinibatchSampler(rows, random.Random(0))
+    epoch = [row for _ in range(5) for row in sampler.next(2)]
+    assert sorted(epoch) == sorted(rows)
+    counts = Counter(row for _ in range(50) for row in sampler.next(3))
+    assert set(counts) == set(rows) and max(counts.values()) - min(counts.values()) <= 1
+    assert all(len(set(batch)) == len(batch) for batch in (sampler.next(4) for _ in range(20)))
+
+
+def test_each_module_gets_every_edit_format() -> None:
+    rotation = Rotation(["system", "user"])
+    formats = ("rules", "answer_guide")
+    seen: dict[str, set[str]] = {"system": set(), "user": set()}
+    for iteration in range(8):
+        module, turn = rotation.next(iteration)
+        seen[module].add(choose_format(SEED, formats, turn, SETTINGS))
+    assert seen == {"system": set(formats), "user": set(formats)}
