@@ -4,7 +4,7 @@ live gateway and a live run (scripted models, real HTTP on loopback):
 - without the driver's admin token no process can register, read, announce, close or drop
   a run, nor call a model through `/u/`; a taken run id is refused (409), never reset;
 - a rollout's URL spends only in its own scope, as a policy-side role, while it is open;
-- bodies over the limit get a 413 (gateway and kit); max_tokens is validated and capped;
+- bodies over the limit get a 413 (gateway and kit, declared or chunked); max_tokens is validated and capped;
   a huge request the upstream fails is refunded to the token bucket;
 - a container started by the harness sees no provider or cloud key it was not given;
 - a sweep worker ends when its driver is killed with SIGKILL.
@@ -30,6 +30,8 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
+import benchmarks.containers.kit as kit
+from benchmarks.containers.chaos import Chaos, FaultPlan
 from conftest import REPO, ServerThread, container_spec, make_run_spec
 from gateway_fakes import FakeUpstream, chat_body
 from harness.gateway.models import GatewaySettings, LimitSettings, Upstream
@@ -147,6 +149,23 @@ def test_request_bodies_are_bounded_and_max_tokens_validated_and_capped() -> Non
     assert "max_tokens must be a positive integer" in bad[-1].json()["error"]["message"]
     assert capped.status_code == 200 and fine.status_code == 200
     assert [b["max_tokens"] for b in fake.bodies] == [512, 16]  # capped to the model's limit, then as asked
+
+
+def test_a_kit_container_refuses_a_body_over_its_limit(data_dir, monkeypatch) -> None:
+    monkeypatch.setenv("HARNESS_MAX_BODY_BYTES", str(256 * 1024))
+    with ServerThread(kit.build_app(Chaos(str(data_dir), FaultPlan(rate=0.0)))) as container:
+        big = httpx.post(f"{container.url}/rollout", content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+                         headers={"content-type": "application/json"}, timeout=60.0)
+
+        def chunks():  # no Content-Length
+            for _ in range(64):
+                yield b" " * 16384
+
+        chunked = httpx.post(f"{container.url}/rollout", content=chunks(), timeout=60.0)
+        small = httpx.post(f"{container.url}/rollout", json={"not": "a rollout"})
+        alive = httpx.get(f"{container.url}/health").status_code
+    assert big.status_code == 413 and chunked.status_code == 413
+    assert small.status_code == 422 and alive == 200  # under the limit: parsed and refused as usual
 
 
 def test_a_huge_request_the_upstream_fails_is_refunded_and_stalls_nobody() -> None:
