@@ -24,13 +24,18 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     from harness.console import RunProgressBar, print_outcome
     from harness.evidence.writer import EvidenceLocation
     from harness.preflight import check_model_keys
-    from harness.run import execute_run
+    from harness.run import execute_run, finished
     from harness.services import Services
 
     spec = run_spec(config)
     check_model_keys(spec, through_gateway=config.gateway.enabled)  # before any service starts
     # service logs go under the evidence root: check it before starting anything (as a sweep does)
-    EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id).check_writable()
+    location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
+    location.check_writable()
+    if finished(location) and not config.force:
+        console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
+                      highlight=False)
+        return 0
     log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
                   f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
@@ -41,7 +46,8 @@ def run_single(config: HarnessConfig, console: Console) -> int:
         with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts,
                             live_usage=config.gateway.live_usage) as bar:
             outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
-                                              restart_container=services.restarter(endpoints.container_url)))
+                                              restart_container=services.restarter(endpoints.container_url),
+                                              force=config.force))
     print_outcome(console, outcome, len(spec.pools.heldout))
     return 0 if outcome.status == "done" else 1
 

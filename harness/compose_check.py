@@ -27,6 +27,9 @@ def composition_error(argv: list[str], config_dir: str) -> str | None:
     overrides = _overrides(argv)
     if overrides is None:
         return None
+    keyless = [o for o in overrides if not o.lstrip("+~").partition("=")[0].strip()]
+    if keyless:
+        return f"override {keyless[0]!r} names no key: write key=value (e.g. seed=5)"
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             compose(config_name="config", overrides=overrides)
@@ -38,6 +41,8 @@ def composition_error(argv: list[str], config_dir: str) -> str | None:
         return f"cannot parse the overrides: {str(exc).splitlines()[0]}"
     except HydraException as exc:
         return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "hydra.cc" not in line)
+    except ValueError as exc:  # Hydra's own checks of a value (a group given a number, say)
+        return f"cannot apply the overrides: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
     return None
 
 
@@ -81,10 +86,20 @@ def _unknown_key(exc: ConfigCompositionException, config_dir: str, overrides: li
 
 
 def _keys_under(parent: str, config_dir: str, overrides: list[str]) -> list[str]:
-    try:
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            base: Any = compose(config_name="config", overrides=overrides)
-    except HydraException:
-        return []
+    base: Any = None
+    others = list(overrides)
+    while base is None:
+        try:
+            with initialize_config_dir(config_dir=config_dir, version_base=None):
+                base = compose(config_name="config", overrides=others)
+        except ConfigCompositionException as exc:
+            # another bad key on the same command line: leave it out to list the real keys
+            bad = str(getattr(exc.__cause__, "full_key", "") or "")
+            kept = [o for o in others if not bad or not o.lstrip("+~").partition("=")[0].startswith(bad)]
+            if len(kept) == len(others):
+                return []
+            others = kept
+        except (HydraException, ValueError):
+            return []
     node = OmegaConf.select(base, parent) if parent else base
     return sorted(str(k) for k in node.keys()) if OmegaConf.is_dict(node) else []

@@ -51,6 +51,7 @@ class HarnessConfig(BaseModel):
     max_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
     heldout_candidates: Any = "best"
     evidence_root: str = "evidence"
+    force: bool = False  # redo runs that are done (their evidence is replaced only if they finish again)
     data_dir: str | None = None
     local_server: LocalServerOptions = LocalServerOptions()
     ray: RayConfig = RayConfig()

@@ -293,6 +293,7 @@ class RunContext:
         )
         refused: set[str] = set()
         if self.gateway is not None:
+            await self.gateway.close_scopes([self.rollout_id(candidate, t) for t in todo])
             if self.gateway.refresh_due():
                 await self.sync_spend()
             # all refusals, not just the new ones: a concurrent evaluation's read may have seen ours first

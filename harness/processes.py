@@ -65,6 +65,7 @@ class ManagedProcess(ServiceHandle):
         cwd: str | None = None,
         startup_timeout_s: float = 120.0,
         unset_env: frozenset[str] = frozenset(),
+        inherit_env: bool = True,
     ):
         self.name = name
         self.command = command
@@ -74,6 +75,7 @@ class ManagedProcess(ServiceHandle):
         self.cwd = cwd
         self.startup_timeout_s = startup_timeout_s
         self.unset_env = unset_env  # variables the child must not inherit (keys it has no use for)
+        self.inherit_env = inherit_env  # False: the child gets `env` only
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -92,7 +94,8 @@ class ManagedProcess(ServiceHandle):
         then come up side by side, both still children of this thread."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        env = {k: v for k, v in {**os.environ, **(self.env or {})}.items() if k not in self.unset_env}
+        inherited = os.environ if self.inherit_env else {}
+        env = {k: v for k, v in {**inherited, **(self.env or {})}.items() if k not in self.unset_env}
         try:
             self._proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd,

@@ -146,17 +146,26 @@ async def execute_run(
     rollout_gate: Gate | None = None,
     proposer_gate: Gate | None = None,
     restart_container: Callable[[], Awaitable[None]] | None = None,
+    force: bool = False,
 ) -> RunOutcome:
     """Run one spec to completion and write its evidence. Bad input raises before any
     rollout; failures after that are recorded in the manifest and returned.
     `restart_container` starts the run's container again when it stops answering (its
-    process died); without it such a run fails with the reason."""
+    process died); without it such a run fails with the reason. A run already done is
+    refused unless `force`, which redoes it and replaces its evidence only if it is done again."""
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
-    location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
+    final_location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
     optimizer = build_optimizer(spec.algorithm.name, spec.algorithm.params)
-    location.check_writable()
-    location.clear_partial()
+    final_location.check_writable()
+    final_location.recover()
+    redo = finished(final_location)
+    if redo and not force:
+        raise HarnessError(f"run {spec.run_id} is already done (evidence in {final_location.run_dir}); "
+                           "force=true redoes it")
+    # written aside and swapped in at the end: the previous evidence stays until then, and a
+    # finished run's only if this attempt finishes too
+    location = final_location.staging()
     checkpoints = CheckpointStore(location, spec.run_id)
     restored = checkpoints.load()
     client = ContainerClient(endpoints.container_url, api_key_env=spec.container.api_key_env,
@@ -213,13 +222,22 @@ async def execute_run(
             if restored is None and not timings["optimize_s"]:  # failed while optimizing
                 timings["optimize_s"] = t_heldout - t_opt
             ctx.event("error", str(exc))
-        model_calls, gateway_summary = await _metered_calls(ctx, restored, final=True)
-        finished = time.monotonic()
+        try:
+            model_calls, gateway_summary = await _metered_calls(ctx, restored, final=True)
+        except HarnessError as exc:  # a run whose calls are not in its evidence is not done
+            model_calls, gateway_summary = (restored.model_calls, restored.gateway_summary) if restored else ([], None)
+            if status == "done":
+                status, error = "failed", f"model calls not recorded: {exc}"
+            ctx.event("error", f"model calls not recorded: {exc}")
+        ended = time.monotonic()
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at, logs=endpoints.logs,
                timings={**timings, "wall_s": ctx.elapsed() + timings["preflight_s"],
-                        "heldout_s": finished - t_heldout})
+                        "heldout_s": ended - t_heldout})
+        if status == "done" or not redo:
+            location.swap_into(final_location)
+            location = final_location
         if status == "done":
             checkpoints.clear()
     finally:
@@ -241,6 +259,15 @@ async def execute_run(
         cost_usd=None if ctx.usage.cost_unknown else ctx.usage.cost_usd, wall_s=time.monotonic() - t0,
         **proposal_counts(ctx.evidence.proposals), logs=tuple(p for p in endpoints.logs if _has_content(p)),
     )
+
+
+def finished(location: EvidenceLocation) -> bool:
+    """Whether the run's directory holds the evidence of a run that is done."""
+    try:
+        manifest = location.read_manifest()
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("status") == "done"
 
 
 def proposal_counts(proposals: list[dict[str, Any]]) -> dict[str, int]:
@@ -270,27 +297,23 @@ def _gateway_session(spec: RunSpec, endpoints: Endpoints) -> GatewaySession | No
     if not (endpoints.gateway_url and endpoints.policy_upstream and endpoints.proposer_upstream):
         return None
     return GatewaySession(endpoints.gateway_url, spec.run_id, policy_upstream=endpoints.policy_upstream,
-                          proposer_upstream=endpoints.proposer_upstream, budget_usd=spec.budget.max_cost_usd)
+                          proposer_upstream=endpoints.proposer_upstream, budget_usd=spec.budget.max_cost_usd,
+                          admin_token=endpoints.gateway_token)
 
 
 async def _metered_calls(ctx: RunContext, restored: RunCheckpoint | None, final: bool,
                          ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The run's model calls as the gateway metered them (empty without a gateway), with
-    those an earlier process of the run checkpointed."""
+    those an earlier process of the run checkpointed. Raises HarnessError when the gateway
+    cannot tell."""
     carried = restored.model_calls if restored else []
     carried_summary = restored.gateway_summary if restored else None
     if ctx.gateway is None:
         return carried, carried_summary
-    try:
-        await ctx.sync_spend()
-        if final:
-            ctx.notify("done")  # the progress line ends on the metered totals
-        rows = ctx.gateway.rows(await ctx.gateway.calls())
-    except HarnessError as exc:
-        if final:
-            ctx.event("error", f"model calls not recorded: {exc}")
-            return carried, carried_summary
-        raise
+    await ctx.sync_spend()
+    if final:
+        ctx.notify("done")  # the progress line ends on the metered totals
+    rows = ctx.gateway.rows(await ctx.gateway.calls())
     return carried + rows, merge_gateway_summaries(carried_summary, ctx.gateway.summary())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -9,13 +10,33 @@ from pathlib import Path
 
 import httpx
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from harness.errors import ConfigError, PreflightError
 from harness.gateway.models import GatewaySettings
 from harness.gateway.service import GatewayService
 from harness.processes import ManagedProcess, free_port
 from harness.specs import ContainerSpec, ModelSpec
+
+
+# What a container started here inherits from the harness's environment: what running a
+# program needs (paths, locale, caches), never a variable that could hold a credential
+# (provider and cloud keys of any name, proxies with passwords, the gateway's admin token).
+CONTAINER_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
+    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "VIRTUAL_ENV",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "XDG_CACHE_HOME", "XDG_DATA_HOME", "HF_HOME", "HF_DATASETS_CACHE",
+    "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "NODE_PATH", "GEPA_HARNESS_CACHE", "HARNESS_MAX_BODY_BYTES",
+})
+
+
+def container_env(spec: ContainerSpec, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed environment of a container: the basics, `LC_*`, and the variables its
+    config names (its key, its policy key when it calls the policy itself, `env`, a variable
+    its command names, e.g. a direct grader's `--grader-key-env NAME`)."""
+    named = {spec.api_key_env, spec.policy_key_env, *spec.env, *(spec.command or ())} - {None}
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k in CONTAINER_ENV or k.startswith("LC_") or k in named}
 
 
 class Endpoints(BaseModel):
@@ -31,6 +52,9 @@ class Endpoints(BaseModel):
     proposer_upstream: str | None = None
     # log files of the services this run uses (listed in its manifest)
     logs: tuple[str, ...] = ()
+    # the gateway's admin token, for the run's control calls (driver and Ray workers only;
+    # never in a container's environment, a policy block or evidence)
+    gateway_token: str | None = Field(default=None, repr=False)
 
 
 class LocalServerOptions(BaseModel):
@@ -50,7 +74,6 @@ class Services:
         # names container logs (`<label>-container-<name>.log`): a run id for one run, a sweep name
         # None or disabled: containers and the proposer call the model endpoints directly
         self.gateway = GatewayService(gateway, log_dir) if gateway is not None and gateway.enabled else None
-        self._secret_env: set[str] = set()  # key variables that containers do not inherit
         self.local_server = local_server or LocalServerOptions()
         # restarts per container over this object's life: a container that keeps dying fails its runs
         self.max_restarts = max_restarts
@@ -97,9 +120,8 @@ class Services:
         if any(p is not None and p.log_path == log_path for p, _ in self._containers.values()):
             log_path = self.log_dir / f"{name}-{port}.log"  # another instance (other options) of the same container
         process = ManagedProcess(
-            f"container {spec.name}", command, health_url=f"{url}/health", env=env,
-            log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-            unset_env=frozenset(self._secret_env - {spec.api_key_env} - set(command)),
+            f"container {spec.name}", command, health_url=f"{url}/health", env={**container_env(spec), **env},
+            log_path=log_path, startup_timeout_s=spec.startup_timeout_s, inherit_env=False,
         )
         process.start()
         return process, url
@@ -165,12 +187,6 @@ class Services:
         server.start()
         return server, server.base_url
 
-    def protect_keys(self, *models: ModelSpec) -> None:
-        """With the gateway on, containers started from now on do not inherit these models'
-        key variables (unless a container's own command names one, e.g. a direct grader)."""
-        if self.gateway is not None:
-            self._secret_env.update(m.api_key_env for m in models if m.api_key_env)
-
     def endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
         if self.gateway is not None:
             return self._gateway_endpoints(container, policy, proposer)
@@ -184,14 +200,13 @@ class Services:
         """Every model call through the gateway, which holds the keys: the container gets
         neither a key nor the name of its variable."""
         assert self.gateway is not None
-        self.protect_keys(policy, proposer)
         self.gateway.spawn()
         container_url = self.container_url(container)
         policy_upstream, policy_url = self.gateway.route(policy, self.model_url(policy))
         proposer_upstream, proposer_url = self.gateway.route(proposer, self.model_url(proposer))
         return Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url,
                          gateway_url=self.gateway.url, policy_upstream=policy_upstream,
-                         proposer_upstream=proposer_upstream,
+                         proposer_upstream=proposer_upstream, gateway_token=self.gateway.admin_token,
                          logs=self.logs_for(container_url, policy_upstream, proposer_upstream))
 
     def close(self) -> None:

@@ -48,6 +48,9 @@ class ContainerSpec(Spec):
     url: str | None = None
     api_key_env: str | None = None
     policy_key_env: str | None = None
+    # more variables of the harness's environment a started container may inherit (its
+    # own grader's key, say); everything else but the basics is withheld from it
+    env: list[str] = Field(default_factory=list)
     data_dir: str | None = None
     # when set, the container must advertise exactly these target modules
     target_modules: list[str] | None = None
@@ -127,8 +130,11 @@ class Pools(Spec):
             if len(set(ids)) != len(ids):
                 raise ValueError(f"pool {name!r} has duplicate task ids")
             for task_id in ids:
-                if ":" not in task_id:
-                    raise ValueError(f"task id {task_id!r} in pool {name!r} is not of the form split:index")
+                split, sep, index = task_id.rpartition(":")
+                # ASCII digits only: int() reads `٣` as 3, so `train:٣` would be `train:3` twice over
+                if not (sep and split and index.isascii() and index.isdigit()):
+                    raise ValueError(f"task id {task_id!r} in pool {name!r} is not of the form split:index "
+                                     "(index in ASCII digits)")
         if not self.allow_overlap:
             overlap = (set(self.train) | set(self.pareto)) & set(self.heldout)
             if overlap:

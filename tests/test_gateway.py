@@ -30,9 +30,23 @@ def upstream(url: str, *, key_env: str | None = None, provider: str = "openai_co
     return Upstream(name="fake", base_url=f"{url}/v1", provider=provider, api_key_env=key_env)
 
 
+_RUN_TOKENS: dict[tuple[str, str], str] = {}
+
+
+def admin(gw: GatewayThread) -> dict[str, str]:
+    return gw.admin_headers
+
+
 def register_run(gw: GatewayThread, run_id: str, budget: float | None = None, **roles: str) -> None:
     body = {"upstreams": {"policy": "fake", "proposer": "fake", **roles}, "budget_usd": budget}
-    assert httpx.post(f"{gw.url}/runs/{run_id}", json=body).status_code == 200
+    answer = httpx.post(f"{gw.url}/runs/{run_id}", json=body, headers=admin(gw))
+    assert answer.status_code == 200, answer.text
+    _RUN_TOKENS[(gw.url, run_id)] = answer.json()["token"]
+
+
+def run_url(gw: GatewayThread, run_id: str) -> str:
+    """The run's capability URL prefix (the run's token: any scope, any role)."""
+    return f"{gw.url}/c/{_RUN_TOKENS[(gw.url, run_id)]}/r/{run_id}"
 
 
 def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
@@ -40,11 +54,11 @@ def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
 
 
 def spend(gw: GatewayThread, run_id: str) -> RunSpend:
-    return RunSpend.model_validate_json(httpx.get(f"{gw.url}/runs/{run_id}/spend").content)
+    return RunSpend.model_validate_json(httpx.get(f"{gw.url}/runs/{run_id}/spend", headers=admin(gw)).content)
 
 
 def calls(gw: GatewayThread, run_id: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{gw.url}/runs/{run_id}/calls").json()
+    return httpx.get(f"{gw.url}/runs/{run_id}/calls", headers=admin(gw)).json()
 
 
 def test_attribution_cost_and_the_key_stay_in_the_gateway(monkeypatch) -> None:
@@ -53,7 +67,7 @@ def test_attribution_cost_and_the_key_stay_in_the_gateway(monkeypatch) -> None:
     fake = FakeUpstream(key=key, echo_auth=True)
     with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(), [upstream(up.url, key_env=KEY_ENV)]) as gw:
         register_run(gw, "run1")
-        base = f"{gw.url}/r/run1"
+        base = run_url(gw, "run1")
         # the caller sends no key (or a wrong one, which is dropped): the gateway adds its own
         answer = post(f"{base}/run1-c0000-train:0/policy/v1", chat_body("hello"), authorization="Bearer junk")
         assert answer.status_code == 200, answer.text
@@ -86,14 +100,14 @@ def test_cache_read_write_hits_and_samples(tmp_path) -> None:
     settings = GatewaySettings(cache="read_write", cache_path=str(tmp_path / "store.sqlite"))
     with ServerThread(fake.app()) as up, GatewayThread(settings, [upstream(up.url)]) as gw:
         register_run(gw, "r")
-        first = post(f"{gw.url}/r/r/a/policy/v1", chat_body("same question"))
-        again = post(f"{gw.url}/r/r/b/policy/v1", chat_body("same question"))  # another rollout: the same sample
-        second_sample = post(f"{gw.url}/r/r/a/policy/v1", chat_body("same question"))  # asked twice in one rollout
-        volatile = post(f"{gw.url}/r/r/c/policy/v1", {**chat_body("same question"), "user": "someone"})
+        first = post(f"{run_url(gw, 'r')}/a/policy/v1", chat_body("same question"))
+        again = post(f"{run_url(gw, 'r')}/b/policy/v1", chat_body("same question"))  # another rollout: the same sample
+        second_sample = post(f"{run_url(gw, 'r')}/a/policy/v1", chat_body("same question"))  # asked twice in one rollout
+        volatile = post(f"{run_url(gw, 'r')}/c/policy/v1", {**chat_body("same question"), "user": "someone"})
         assert [r.headers["x-gateway-cache"] for r in (first, again, second_sample, volatile)] == [
             "miss", "hit", "miss", "hit"]
         assert again.content == first.content and fake.completions == 2
-        models = httpx.get(f"{gw.url}/u/fake/v1/models")
+        models = httpx.get(f"{gw.url}/u/fake/v1/models", headers=admin(gw))
         assert models.status_code == 200 and models.json()["data"][0]["id"] == "fake"
         assert spend(gw, "r").cache == {"miss": 2, "hit": 2}
 
@@ -104,12 +118,12 @@ def test_replay_serves_the_store_and_a_miss_names_its_digest(tmp_path) -> None:
     with ServerThread(fake.app()) as up:
         with GatewayThread(GatewaySettings(cache="read_write", cache_path=path), [upstream(up.url)]) as gw:
             register_run(gw, "r")
-            recorded = post(f"{gw.url}/r/r/a/policy/v1", chat_body("recorded"))
+            recorded = post(f"{run_url(gw, 'r')}/a/policy/v1", chat_body("recorded"))
         live = fake.requests
         with GatewayThread(GatewaySettings(cache="replay", cache_path=path), [upstream(up.url)]) as gw:
             register_run(gw, "r")
-            replayed = post(f"{gw.url}/r/r/a/policy/v1", chat_body("recorded"))
-            missing = post(f"{gw.url}/r/r/a/policy/v1", chat_body("never asked"))
+            replayed = post(f"{run_url(gw, 'r')}/a/policy/v1", chat_body("recorded"))
+            missing = post(f"{run_url(gw, 'r')}/a/policy/v1", chat_body("never asked"))
             rows = calls(gw, "r")
         assert fake.requests == live  # no live call at all
     assert replayed.status_code == 200 and replayed.content == recorded.content
@@ -124,7 +138,7 @@ def test_throttling_honours_retry_after_and_lowers_the_cap(status) -> None:
     fake = FakeUpstream(throttle_first=2, throttle_status=status, retry_after="1")
     with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(), [upstream(up.url)]) as gw:
         started = time.monotonic()
-        answer = post(f"{gw.url}/u/fake/v1", chat_body("hello"))
+        answer = post(f"{gw.url}/u/fake/v1", chat_body("hello"), **admin(gw))
         waited = time.monotonic() - started
         limit = httpx.get(f"{gw.url}/limits").json()["fake/gpt-4.1-mini"]
     assert answer.status_code == 200 and fake.requests == 3
@@ -136,7 +150,7 @@ def test_a_retry_after_of_hours_fails_the_call_instead_of_pausing() -> None:
     fake = FakeUpstream(throttle_first=5, retry_after="7200")
     with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(), [upstream(up.url)]) as gw:
         started = time.monotonic()
-        answer = post(f"{gw.url}/u/fake/v1", chat_body("hello"))
+        answer = post(f"{gw.url}/u/fake/v1", chat_body("hello"), **admin(gw))
         waited = time.monotonic() - started
         limit = httpx.get(f"{gw.url}/limits").json()["fake/gpt-4.1-mini"]
     assert answer.status_code == 429 and answer.headers["retry-after"] == "7200" and fake.requests == 1
@@ -150,10 +164,10 @@ def test_retry_after_as_http_date() -> None:
     assert retry_after_s("2.5") == 2.5 and retry_after_s("soon") is None
 
 
-async def _burst(url: str, n: int) -> list[int]:
+async def _burst(url: str, n: int, headers: dict[str, str]) -> list[int]:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
-        answers = await asyncio.gather(*(client.post(f"{url}/chat/completions", json=chat_body(f"q{i}"))
+        answers = await asyncio.gather(*(client.post(f"{url}/chat/completions", json=chat_body(f"q{i}"), headers=headers)
                                          for i in range(n)))
     return [a.status_code for a in answers]
 
@@ -162,7 +176,7 @@ def test_concurrency_cap_holds_under_200_concurrent_requests() -> None:
     fake = FakeUpstream(delay_s=0.05)
     settings = GatewaySettings(limits=LimitSettings(max_concurrency=8))
     with ServerThread(fake.app()) as up, GatewayThread(settings, [upstream(up.url)]) as gw:
-        statuses = asyncio.run(_burst(f"{gw.url}/u/fake/v1", 200))
+        statuses = asyncio.run(_burst(f"{gw.url}/u/fake/v1", 200, admin(gw)))
     assert statuses == [200] * 200
     assert fake.peak == 8  # reached, never passed
 
@@ -172,10 +186,10 @@ def test_cap_adapts_down_to_what_the_upstream_allows_and_back_up() -> None:
     fake = FakeUpstream(delay_s=0.1, throttle_above=4, retry_after="0")
     settings = GatewaySettings(limits=LimitSettings(max_concurrency=32), max_attempts=20, max_backoff_s=0.2)
     with ServerThread(fake.app()) as up, GatewayThread(settings, [upstream(up.url)]) as gw:
-        statuses = asyncio.run(_burst(f"{gw.url}/u/fake/v1", 200))
+        statuses = asyncio.run(_burst(f"{gw.url}/u/fake/v1", 200, admin(gw)))
         after_burst = httpx.get(f"{gw.url}/limits").json()["fake/gpt-4.1-mini"]
         fake.throttle_above = None
-        asyncio.run(_burst(f"{gw.url}/u/fake/v1", 100))
+        asyncio.run(_burst(f"{gw.url}/u/fake/v1", 100, admin(gw)))
         recovered = httpx.get(f"{gw.url}/limits").json()["fake/gpt-4.1-mini"]
     assert statuses == [200] * 200
     assert after_burst["cuts"] >= 2 and after_burst["low"] <= 8  # halved towards what the upstream takes
@@ -187,9 +201,9 @@ def test_budget_refuses_the_call_that_would_cross_it() -> None:
     fake = FakeUpstream()
     with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(), [upstream(up.url)]) as gw:
         register_run(gw, "b", budget=0.0005)
-        statuses = [post(f"{gw.url}/r/b/s{i}/policy/v1", chat_body("x " * 200, max_tokens=50)).status_code
+        statuses = [post(f"{run_url(gw, 'b')}/s{i}/policy/v1", chat_body("x " * 200, max_tokens=50)).status_code
                     for i in range(12)]
-        refused = post(f"{gw.url}/r/b/s99/policy/v1", chat_body("x " * 200, max_tokens=50))
+        refused = post(f"{run_url(gw, 'b')}/s99/policy/v1", chat_body("x " * 200, max_tokens=50))
         state = spend(gw, "b")
     assert 0 < statuses.index(402) < 12 and set(statuses[statuses.index(402):]) == {402}
     assert "budget" in refused.json()["error"]["message"] and refused.json()["error"]["type"] == "budget_exhausted"
@@ -204,12 +218,13 @@ def test_prompt_check_per_policy_call() -> None:
         register_run(gw, "p")
         text = "You classify intents.\n- If the message mentions \"card\", answer: card_arrival"
         httpx.post(f"{gw.url}/runs/p/scopes", json={
-            "scopes": {"ok": "c1", "lost": "c1"}, "candidates": {"c1": {"system": text}}, "budgeted": True})
+            "scopes": {"ok": "c1", "lost": "c1"}, "candidates": {"c1": {"system": text}}, "budgeted": True},
+            headers=admin(gw))
         # re-wrapped whitespace still counts as the text reaching the model
-        post(f"{gw.url}/r/p/ok/policy/v1", chat_body("where is my card", system=text.replace("\n", "\n\n  ")))
-        post(f"{gw.url}/r/p/lost/policy/v1", chat_body("where is my card", system="A container's own prompt."))
-        post(f"{gw.url}/r/p/lost/grader/v1", chat_body("grade", system="Grader."))
-        post(f"{gw.url}/r/p/unannounced/policy/v1", chat_body("hi"))
+        post(f"{run_url(gw, 'p')}/ok/policy/v1", chat_body("where is my card", system=text.replace("\n", "\n\n  ")))
+        post(f"{run_url(gw, 'p')}/lost/policy/v1", chat_body("where is my card", system="A container's own prompt."))
+        post(f"{run_url(gw, 'p')}/lost/grader/v1", chat_body("grade", system="Grader."))
+        post(f"{run_url(gw, 'p')}/unannounced/policy/v1", chat_body("hi"))
         checks = {(r["scope"], r["role"]): r["prompt_check"] for r in calls(gw, "p")}
         assert spend(gw, "p").prompt_check_misses == 1
     assert checks == {("ok", "policy"): True, ("lost", "policy"): False, ("lost", "grader"): None,
@@ -220,13 +235,13 @@ def test_admin_routes_need_the_token_and_names_are_never_repointed() -> None:
     with GatewayThread(GatewaySettings()) as gw:
         evil = Upstream(name="fake", base_url="http://127.0.0.1:9/v1", provider="openai_compatible",
                         api_key_env="OPENAI_API_KEY").model_dump_json()
-        assert httpx.post(f"{gw.url}/admin/upstreams", content=evil).status_code == 403
+        assert httpx.post(f"{gw.url}/admin/upstreams", content=evil).status_code == 401
         good = Upstream(name="fake", base_url="http://127.0.0.1:8/v1", provider="scripted").model_dump_json()
         assert httpx.post(f"{gw.url}/admin/upstreams", content=good,
-                          headers={"x-gateway-admin": gw.admin_token}).status_code == 200
+                          headers=admin(gw)).status_code == 200
         assert httpx.post(f"{gw.url}/admin/upstreams", content=evil,
-                          headers={"x-gateway-admin": gw.admin_token}).status_code == 409
-        assert httpx.post(f"{gw.url}/r/nope/s/policy/v1/chat/completions", json=chat_body("x")).status_code == 404
+                          headers=admin(gw)).status_code == 409
+        assert httpx.post(f"{gw.url}/c/guess/r/nope/s/policy/v1/chat/completions", json=chat_body("x")).status_code == 403
 
 
 def test_role_url_for_graders_and_simulators() -> None:

@@ -39,7 +39,7 @@ def small_spec(data_dir: Path, root: Path, parallel: int = 1, **fields: Any) -> 
 def gateway_run(spec: Any, container_url: str, gateway: GatewayThread, upstream: str) -> RunOutcome:
     endpoints = Endpoints(container_url=container_url, policy_url=f"{gateway.url}/u/{upstream}/v1",
                           proposer_url=f"{gateway.url}/u/{upstream}/v1", gateway_url=gateway.url,
-                          policy_upstream=upstream, proposer_upstream=upstream)
+                          policy_upstream=upstream, proposer_upstream=upstream, gateway_token=gateway.admin_token)
     return asyncio.run(execute_run(spec, endpoints))
 
 

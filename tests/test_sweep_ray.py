@@ -174,7 +174,9 @@ def check_evidence_complete(sweep_dir: Path, run_ids: set[str]) -> None:
     assert not leftovers, f"leftover temporary files: {leftovers}"
     for path in sweep_dir.rglob("*.parquet"):
         pq.read_table(path)  # raises on a partial file
-    run_dirs = {p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name not in ("logs", "report", ".checkpoints")}
+    # hidden directories (.checkpoints, .staging) hold no run
+    run_dirs = {p.name for p in sweep_dir.iterdir()
+                if p.is_dir() and p.name not in ("logs", "report") and not p.name.startswith(".")}
     assert run_dirs == run_ids, "run directories do not match the grid"
     assert not list(sweep_dir.glob(".checkpoints/*")), "a finished run left its checkpoint behind"
     for run_id in run_ids:
@@ -439,7 +441,7 @@ class TestInProcessRay:
         class DyingWorker:
             """RunWorker's interface; holds the rollout gate the way a run does."""
 
-            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None):
+            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None, **_: object):
                 spec = RunSpec.model_validate_json(spec_json)
                 ep = Endpoints.model_validate_json(endpoints_json)
                 gate = shared_gate(limiter, ep.container_url, ep.policy_url, holder=holder)

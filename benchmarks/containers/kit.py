@@ -39,6 +39,7 @@ from harness.contract import (
     Usage,
     role_url,
 )
+from harness.body_limit import BodyLimit
 from harness.errors import HarnessError, ServiceError
 from harness.llm import ChatClient, ChatMessage, ChatResult
 
@@ -163,7 +164,7 @@ class TaskContainer(ABC):
         """(split, index, row) of `split:index`; KeyError with a message naming the id."""
         split, sep, index_text = task_id.rpartition(":")
         rows = self.splits().get(split)
-        if not sep or rows is None or not index_text.isdigit() or int(index_text) >= len(rows):
+        if not sep or rows is None or not (index_text.isascii() and index_text.isdigit()) or int(index_text) >= len(rows):
             raise KeyError(f"unknown task id {task_id!r}")
         return split, int(index_text), rows[int(index_text)]
 
@@ -265,6 +266,7 @@ def build_app(
             yield
 
     app = FastAPI(title=container.name, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit)  # HARNESS_MAX_BODY_BYTES, else 8 MiB: a larger body gets a 413
     if expected_key:
         app.add_middleware(_BearerAuth, expected=expected_key.encode())
 

@@ -70,11 +70,17 @@ async def drive(urls: list[str], concurrency: int, salt: str) -> tuple[float, li
     return len(urls) / elapsed, latencies
 
 
-def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: list[str]) -> None:
+def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: list[str]) -> list[str]:
+    """Register and announce, as a run's driver does; the rollouts' capability URLs."""
     registration = RunRegistration(upstreams={"policy": upstream, "proposer": upstream})
-    httpx.post(f"{gateway.url}/runs/{run_id}", content=registration.model_dump_json()).raise_for_status()
+    headers = gateway.admin_headers
+    httpx.post(f"{gateway.url}/runs/{run_id}", content=registration.model_dump_json(),
+               headers=headers).raise_for_status()
     announcement = Announcement(scopes={s: "c0000" for s in scopes}, candidates={"c0000": {"system": SYSTEM}})
-    httpx.post(f"{gateway.url}/runs/{run_id}/scopes", content=announcement.model_dump_json()).raise_for_status()
+    answer = httpx.post(f"{gateway.url}/runs/{run_id}/scopes", content=announcement.model_dump_json(), headers=headers)
+    answer.raise_for_status()
+    tokens = answer.json()["tokens"]
+    return [f"{gateway.url}/c/{tokens[s]}/r/{run_id}/{s}/policy/v1" for s in scopes]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,20 +111,17 @@ def main(argv: list[str] | None = None) -> None:
             for r in range(args.rounds):
                 run_id = f"bench{r}"
                 scopes = [f"{run_id}-c0000-train:{i}" for i in range(n)]
-                for gateway in (plain, cached):
-                    register_run(gateway, run_id, upstream.name, scopes)
                 arms = {
                     "direct": [upstream_server.base_url] * n,
-                    "gateway": [f"{plain.url}/r/{run_id}/{s}/policy/v1" for s in scopes],
-                    "gateway_cache_miss": [f"{cached.url}/r/{run_id}/{s}/policy/v1" for s in scopes],
+                    "gateway": register_run(plain, run_id, upstream.name, scopes),
+                    "gateway_cache_miss": register_run(cached, run_id, upstream.name, scopes),
                 }
                 for arm, urls in arms.items():
                     rate, lat = asyncio.run(drive(urls, c, salt=f"r{r}"))
                     rates[arm].append(rate)
                     p50[arm].append(statistics.median(lat))
                 # the same requests again, new rollouts: every one served from the store
-                register_run(cached, f"{run_id}b", upstream.name, scopes)
-                rate, lat = asyncio.run(drive([f"{cached.url}/r/{run_id}b/{s}/policy/v1" for s in scopes], c,
+                rate, lat = asyncio.run(drive(register_run(cached, f"{run_id}b", upstream.name, scopes), c,
                                               salt=f"r{r}"))
                 rates["gateway_cache_hit"].append(rate)
                 p50["gateway_cache_hit"].append(statistics.median(lat))

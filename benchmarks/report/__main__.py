@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+import polars as pl
+import pyarrow as pa
+
 from benchmarks.report.io import ReportError
 from benchmarks.report.pipeline import write_report
 
@@ -44,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
                              charts=not args.no_charts, resamples=args.resamples, ci_seed=args.ci_seed)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # evidence the checks above did not foresee (a table that reads but computes wrong): still
+    # one line, never a traceback or a polars panic
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, pa.ArrowException, OSError, ValueError,
+            KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: cannot build the report from {args.sweep_dir}: {type(exc).__name__}: {first}", file=sys.stderr)
         return 2
     with open(paths.summary_md) as handle:
         print(handle.read(), end="")

@@ -4,6 +4,7 @@ lazily, and write outputs deterministically (sorted rows, no timestamps, atomic 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -50,21 +51,56 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / MANIFEST
     if not path.is_file():
         return None
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReportError(f"{path}: unreadable manifest: {exc}") from exc
+    manifest = _read_json(path)
     _check_version(manifest.get("schema_version"), str(path))
     return manifest
 
 
-def check_parquet_version(path: Path) -> None:
+def check_parquet_version(path: Path, columns: tuple[str, ...] = ()) -> None:
     try:
-        metadata = pq.read_schema(path).metadata or {}
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise ReportError(f"{path}: unreadable Parquet file: {exc}") from exc
-    raw = metadata.get(SCHEMA_METADATA_KEY)
-    _check_version(raw.decode() if raw is not None else None, str(path))
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ReportError(f"{path}: unreadable Parquet file: {_first_line(exc)}") from exc
+    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
+    _check_version(raw.decode(errors="replace") if raw is not None else None, str(path))
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise ReportError(f"{path}: no column {missing[0]!r} (columns: {', '.join(schema.names)})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: unreadable JSON: {_first_line(exc)}") from exc
+    if not isinstance(value, dict):
+        raise ReportError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def verify_files(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every table file is the one the run wrote: its sha256 is the manifest's."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ReportError(f"{run_dir / MANIFEST}: records no table digests ('files'); evidence written before "
+                          "digests were recorded cannot be verified: regenerate it")
+    for name, entry in sorted(files.items()):
+        path = run_dir / name
+        expected = entry.get("sha256") if isinstance(entry, dict) else None
+        if "/" in name or name.startswith(".") or not isinstance(expected, str):
+            raise ReportError(f"{run_dir / MANIFEST}: malformed file entry {name!r}")
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise ReportError(f"{path}: listed in the manifest but unreadable: {_first_line(exc)}") from exc
+        if digest != expected:
+            raise ReportError(f"{path}: sha256 {digest[:16]}... does not match the manifest's {expected[:16]}...: "
+                              "the file changed after the run wrote it")
 
 
 def recorded_thresholds(sweep_dir: str | Path) -> dict[str, float]:
@@ -72,8 +108,11 @@ def recorded_thresholds(sweep_dir: str | Path) -> dict[str, float]:
     sweep_file = Path(sweep_dir) / SWEEP_JSON
     if not sweep_file.is_file():
         return {}
-    recorded = json.loads(sweep_file.read_text()).get("solved_thresholds") or {}
-    return {str(task): float(value) for task, value in recorded.items()}
+    recorded = _read_json(sweep_file).get("solved_thresholds") or {}
+    try:
+        return {str(task): float(value) for task, value in dict(recorded).items()}
+    except (TypeError, ValueError) as exc:
+        raise ReportError(f"{sweep_file}: solved_thresholds: {_first_line(exc)}") from exc
 
 
 def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
@@ -81,7 +120,9 @@ def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
     every run directory with a manifest is expected, with the axes it recorded."""
     sweep_file = sweep_dir / SWEEP_JSON
     if sweep_file.is_file():
-        grid = json.loads(sweep_file.read_text()).get("grid") or []
+        grid = _read_json(sweep_file).get("grid") or []
+        if not isinstance(grid, list) or not all(isinstance(p, dict) for p in grid):
+            raise ReportError(f"{sweep_file}: 'grid' is not a list of objects")
         points = [{k: str(v) for k, v in point.items() if v is not None} for point in grid]
     else:
         points = []
@@ -89,6 +130,9 @@ def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
             manifest = read_manifest(run_dir) or {}
             points.append({"run_id": run_dir.name, **{k: str(v) for k, v in (manifest.get("axes") or {}).items()}})
     unique = {p["run_id"]: p for p in points if "run_id" in p}
+    strays = [r for r in unique if not r or "/" in r or "\\" in r or r.startswith(".")]
+    if strays:  # a run id names a directory inside the sweep, never a path out of it
+        raise ReportError(f"{sweep_file}: run id {strays[0]!r} is not a plain directory name")
     return [unique[run_id] for run_id in sorted(unique)]
 
 
@@ -109,8 +153,13 @@ def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
     axes = sorted({k for point in grid for k in point if k not in ("run_id", *ROLE_AXES)})
     # a run that failed before writing evidence (its container never started) is in the index only
     index = root / "index.parquet"
-    failed_early = set(pl.read_parquet(index, columns=["run_id", "status"]).filter(
-        pl.col("status") == "failed")["run_id"]) if index.is_file() else set()
+    failed_early: set[str] = set()
+    if index.is_file():
+        try:
+            failed_early = set(pl.read_parquet(index, columns=["run_id", "status"]).filter(
+                pl.col("status") == "failed")["run_id"])
+        except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
+            raise ReportError(f"{index}: unreadable sweep index: {_first_line(exc)}") from exc
     rows = []
     for point in grid:
         manifest = read_manifest(root / point["run_id"]) or {}
@@ -150,16 +199,21 @@ def _empty(schema: pa.Schema, columns: tuple[str, ...]) -> pl.LazyFrame:
 
 def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Lazy scans of the finished runs' rollouts and candidates, after checking every file's
-    schema version (footers only)."""
+    schema version (footers only), then its sha256 against the manifest's, then its columns."""
     root = Path(sweep_dir)
-    scans = []
-    for table, schema, columns in (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS),
-                                   ("candidates", CANDIDATES, CANDIDATE_COLUMNS)):
-        paths = [root / run_id / f"{table}.parquet" for run_id in sorted(run_ids)]
-        for path in paths:
+    tables = (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS), ("candidates", CANDIDATES, CANDIDATE_COLUMNS))
+    for run_id in sorted(run_ids):
+        for table, _, _ in tables:
+            path = root / run_id / f"{table}.parquet"
             if not path.is_file():
                 raise ReportError(f"{path}: missing from a finished run")
-            check_parquet_version(path)
+            check_parquet_version(path)  # evidence of another version: say so, not "changed"
+        verify_files(root / run_id, read_manifest(root / run_id) or {})
+    scans = []
+    for table, schema, columns in tables:
+        paths = [root / run_id / f"{table}.parquet" for run_id in sorted(run_ids)]
+        for path in paths:
+            check_parquet_version(path, columns)
         scans.append(pl.scan_parquet([str(p) for p in paths]).select(columns) if paths else _empty(schema, columns))
     # only an "ok" row has a reward: error and refused rows count as rows, never as zeros
     rollouts = scans[0].with_columns(reward=pl.when(pl.col("status") == "ok").then(pl.col("reward")))

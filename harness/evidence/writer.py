@@ -1,9 +1,14 @@
 """Writes a run's evidence. Tables are buffered in memory and written once, each to a
 temporary name then renamed, and manifest.json last: a directory with a manifest is
-complete, and a reader never sees a partial Parquet file."""
+complete, and a reader never sees a partial Parquet file. The manifest records the sha256
+of every table file (`files`), so a reader can tell evidence that was edited afterwards.
+
+A run is written into a staging directory (`<sweep>/.staging/<run_id>-<hex>`) and swapped
+into place when it ends, so a rerun killed halfway leaves the previous evidence whole."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from pathlib import Path
@@ -17,19 +22,73 @@ from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
+STAGING = ".staging"
 
 
 class EvidenceLocation:
     """A run directory on any pyarrow filesystem (local path, s3://, gs://)."""
 
     def __init__(self, root: str, sweep: str, run_id: str):
+        for what, name in (("sweep name", sweep), ("run id", run_id)):
+            if not name or name.startswith(".") or "/" in name or "\\" in name:
+                raise HarnessError(f"{what} {name!r} is not a plain directory name: evidence stays inside "
+                                   "evidence_root")
         if "://" in root:
-            self.fs, base = pafs.FileSystem.from_uri(root)
+            try:
+                self.fs, base = pafs.FileSystem.from_uri(root)
+            except (pa.ArrowException, ValueError) as exc:
+                raise HarnessError(f"evidence_root {root!r}: {str(exc).splitlines()[0]}") from exc
         else:
             self.fs, base = pafs.LocalFileSystem(), str(Path(root).resolve())
         self.root = base
         self.sweep_dir = f"{base}/{sweep}"
+        self.run_id = run_id
         self.run_dir = f"{self.sweep_dir}/{run_id}"
+        self.digests: dict[str, str] = {}  # table file -> sha256 of what was written
+
+    def staging(self) -> "EvidenceLocation":
+        """A fresh location for this run's next attempt, beside the run's directory. On an
+        object store (no directory renames) the run's own directory."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            return self
+        staged = EvidenceLocation.__new__(EvidenceLocation)
+        staged.fs, staged.root, staged.sweep_dir, staged.run_id = self.fs, self.root, self.sweep_dir, self.run_id
+        staged.run_dir = f"{self.sweep_dir}/{STAGING}/{self.run_id}-{uuid.uuid4().hex[:12]}"
+        staged.digests = {}
+        return staged
+
+    def _staged_leftovers(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(f"{self.sweep_dir}/{STAGING}", allow_not_found=True)
+        return [i for i in self.fs.get_file_info(selector)
+                if i.type == pafs.FileType.Directory and i.base_name.startswith(f"{self.run_id}-")]
+
+    def recover(self) -> None:
+        """Undo what a process killed mid-swap left: the run's previous evidence, moved
+        aside, goes back if nothing took its place; staged attempts that never finished go."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            return
+        for info in self._staged_leftovers():
+            replaced = info.base_name.endswith(".replaced")
+            if replaced and self.fs.get_file_info(self.run_dir).type == pafs.FileType.NotFound:
+                self.fs.move(info.path, self.run_dir)
+            else:
+                self.fs.delete_dir(info.path)
+
+    def swap_into(self, final: "EvidenceLocation") -> None:
+        """Put this (staged, complete) run directory where `final` is, moving the one there
+        aside first and deleting it only once the new one is in place."""
+        if self.run_dir == final.run_dir:
+            return
+        aside = f"{final.sweep_dir}/{STAGING}/{final.run_id}-{uuid.uuid4().hex[:12]}.replaced"
+        try:
+            had = self.fs.get_file_info(final.run_dir).type == pafs.FileType.Directory
+            if had:
+                self.fs.move(final.run_dir, aside)
+            self.fs.move(self.run_dir, final.run_dir)
+            if had:
+                self.fs.delete_dir(aside)
+        except OSError as exc:
+            raise HarnessError(f"cannot move the run's evidence into {final.run_dir}: {exc}") from exc
 
     def exists(self, name: str) -> bool:
         return self.fs.get_file_info(f"{self.run_dir}/{name}").type == pafs.FileType.File
@@ -73,10 +132,21 @@ class EvidenceLocation:
     def write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
         schema = with_version(TABLES[name])
         table = pa.Table.from_pylist(rows, schema=schema)
-        self._atomic_write(name + ".parquet", lambda path: pq.write_table(table, path, filesystem=self.fs))
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue().to_pybytes()
+        self.digests[name + ".parquet"] = hashlib.sha256(data).hexdigest()
+
+        def write(path: str) -> None:
+            with self.fs.open_output_stream(path) as stream:
+                stream.write(data)
+
+        self._atomic_write(name + ".parquet", write)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        body = json.dumps({**manifest, "schema_version": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str)
+        files = {name: {"sha256": digest} for name, digest in sorted(self.digests.items())}
+        body = json.dumps({**manifest, "files": files, "schema_version": SCHEMA_VERSION}, indent=2, sort_keys=True,
+                          default=str)
 
         def write(path: str) -> None:
             with self.fs.open_output_stream(path) as stream:

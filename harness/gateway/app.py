@@ -1,22 +1,25 @@
 """The gateway's ASGI app (Starlette: no per-request validation layers on the hot path).
 
 Model routes, OpenAI-compatible below `/v1`:
-- `/r/<run_id>/<scope>/<role>/v1/...`: attributed. The harness hands each rollout such a
-  URL (scope = rollout id) and calls the proposer through one per call, so attribution
-  needs no cooperation from the container. The run registered which upstream serves each
-  role; `grader` and `user_simulator` default to the policy's upstream.
-- `/u/<upstream>/v1/...`: unattributed (anything outside a run).
+- `/c/<token>/r/<run_id>/<scope>/<role>/v1/...`: attributed. The harness hands each rollout
+  such a URL (scope = rollout id, token = that rollout's capability) and calls the proposer
+  through one per call (with the run's token), so attribution and authority need no
+  cooperation from the container, which passes on only a base URL. A rollout's token
+  spends only in its scope while the rollout is open; the run registered which upstream
+  serves each role; `grader` and `user_simulator` default to the policy's upstream.
+- `/u/<upstream>/v1/...`: unattributed (anything outside a run): admin token only.
 
-Control routes: `POST /admin/upstreams` (needs the admin token Services generated: an
-upstream names the key variable the gateway will send, so registering one is privileged),
-`POST /runs/<id>` (register: roles, USD budget), `POST /runs/<id>/scopes` (rollouts about to
-start), `GET /runs/<id>/spend`, `GET /runs/<id>/calls`, `DELETE /runs/<id>`, `GET /usage`,
-`GET /limits`, `GET /health`.
+Control routes, all with `Authorization: Bearer <admin token>` (the driver's; see
+server.py): `POST /admin/upstreams`, `POST /runs/<id>` (register: roles, USD budget; a taken
+id is refused), `POST /runs/<id>/scopes` (rollouts about to start), `POST
+/runs/<id>/scopes/close`, `GET /runs/<id>/spend`, `GET /runs/<id>/calls`, `DELETE
+/runs/<id>`, `GET /usage`. Open: `GET /limits`, `GET /health`.
 """
 
 from __future__ import annotations
 
 import hmac
+import secrets
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, TypeVar
 
@@ -25,11 +28,23 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from harness.body_limit import BodyLimit
 from harness.gateway.forward import CLIENT_SHARDS, CONNECTIONS_PER_SHARD, Gateway, error_response as _error
 from harness.gateway.ledger import RunLedger
-from harness.gateway.models import ROLES, Announcement, CallRecord, GatewaySettings, RunRegistration, Upstream
+from harness.gateway.models import (
+    ROLES,
+    Announcement,
+    CallRecord,
+    GatewaySettings,
+    RunGrant,
+    RunRegistration,
+    ScopeClosing,
+    ScopeGrants,
+    Upstream,
+)
 
 M = TypeVar("M", bound=BaseModel)
 _RECORDS = TypeAdapter(list[CallRecord])
@@ -46,7 +61,21 @@ def _model(cls: type[M], payload: bytes) -> M | JSONResponse:
 
 def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
                upstreams: list[Upstream] | None = None) -> Starlette:
+    # without a token nobody can use the control routes (never: anybody can)
+    admin = (admin_token or secrets.token_urlsafe(32)).encode()
     gateway = Gateway(settings, admin_token, list(upstreams or ()))
+
+    def is_admin(request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), admin)
+
+    def admin_only(handler):  # type: ignore[no-untyped-def]
+        async def guarded(request: Request) -> Response:
+            if not is_admin(request):
+                return _error(401, "unauthorized", "gateway: this route needs the admin token "
+                                                   "(Authorization: Bearer ...)")
+            return await handler(request)
+        return guarded
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -68,24 +97,25 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         return run if run is not None else _error(404, "unknown_run", f"gateway: run {run_id!r} is not registered")
 
     async def attributed(request: Request) -> Response:
-        run = run_of(request)
-        if isinstance(run, Response):
-            return run
-        role = request.path_params["role"]
+        run = gateway.ledger.runs.get(request.path_params["run_id"])
+        scope, role = request.path_params["scope"], request.path_params["role"]
+        # an unknown run and a wrong token answer alike: no probing for run ids
+        problem = "unknown run or wrong token" if run is None else run.admits(request.path_params["token"], scope, role)
+        if problem or run is None:
+            return _error(403, "forbidden", f"gateway: {problem}")
         upstream = run.upstream_for(role)
         if role not in ROLES or upstream is None:
             return _error(404, "unknown_role", f"gateway: run {run.run_id!r} has no upstream for role {role!r}")
-        return await gateway.call(request, run, request.path_params["scope"], role, upstream,
-                                  request.path_params["endpoint"])
+        return await gateway.call(request, run, scope, role, upstream, request.path_params["endpoint"])
+
+    async def untokened(request: Request) -> Response:
+        return _error(403, "forbidden", "gateway: a model call needs a capability URL (/c/<token>/r/...)")
 
     async def unattributed(request: Request) -> Response:
         return await gateway.call(request, None, None, "policy", request.path_params["upstream"],
                                   request.path_params["endpoint"])
 
     async def add_upstream(request: Request) -> Response:
-        given = request.headers.get("x-gateway-admin", "")
-        if gateway.admin_token and not hmac.compare_digest(given.encode(), gateway.admin_token.encode()):
-            return _error(403, "forbidden", "gateway: registering an upstream needs the admin token")
         upstream = _model(Upstream, await request.body())
         if isinstance(upstream, Response):
             return upstream
@@ -101,8 +131,11 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         unknown = sorted(set(registration.upstreams.values()) - set(gateway.upstreams))
         if unknown:
             return _error(422, "unknown_upstream", f"gateway: no upstream named {unknown[0]!r}")
-        gateway.ledger.register(request.path_params["run_id"], registration)
-        return JSONResponse({"registered": request.path_params["run_id"]})
+        run = gateway.ledger.register(request.path_params["run_id"], registration)
+        if run is None:
+            return _error(409, "conflict", f"gateway: run {request.path_params['run_id']!r} is already registered")
+        return Response(RunGrant(registered=run.run_id, token=run.token).model_dump_json(),
+                        media_type="application/json")
 
     async def announce(request: Request) -> Response:
         run = run_of(request)
@@ -111,8 +144,18 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         announcement = _model(Announcement, await request.body())
         if isinstance(announcement, Response):
             return announcement
-        run.announce(announcement)
-        return JSONResponse({"scopes": len(announcement.scopes)})
+        return Response(ScopeGrants(tokens=run.announce(announcement)).model_dump_json(),
+                        media_type="application/json")
+
+    async def close_scopes(request: Request) -> Response:
+        run = run_of(request)
+        if isinstance(run, Response):
+            return run
+        closing = _model(ScopeClosing, await request.body())
+        if isinstance(closing, Response):
+            return closing
+        run.close(closing.scopes)
+        return JSONResponse({"closed": len(closing.scopes)})
 
     async def spend(request: Request) -> Response:
         run = run_of(request)
@@ -140,18 +183,20 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
 
     model_methods = ["GET", "POST"]
     routes = [
-        Route("/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", attributed, methods=model_methods),
-        Route("/u/{upstream}/v1/{endpoint:path}", unattributed, methods=model_methods),
-        Route("/admin/upstreams", add_upstream, methods=["POST"]),
-        Route("/runs/{run_id}", register_run, methods=["POST"]),
-        Route("/runs/{run_id}", drop_run, methods=["DELETE"]),
-        Route("/runs/{run_id}/scopes", announce, methods=["POST"]),
-        Route("/runs/{run_id}/spend", spend, methods=["GET"]),
-        Route("/runs/{run_id}/calls", calls, methods=["GET"]),
-        Route("/usage", usage, methods=["GET"]),
+        Route("/c/{token}/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", attributed, methods=model_methods),
+        Route("/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", untokened, methods=model_methods),
+        Route("/u/{upstream}/v1/{endpoint:path}", admin_only(unattributed), methods=model_methods),
+        Route("/admin/upstreams", admin_only(add_upstream), methods=["POST"]),
+        Route("/runs/{run_id}", admin_only(register_run), methods=["POST"]),
+        Route("/runs/{run_id}", admin_only(drop_run), methods=["DELETE"]),
+        Route("/runs/{run_id}/scopes", admin_only(announce), methods=["POST"]),
+        Route("/runs/{run_id}/scopes/close", admin_only(close_scopes), methods=["POST"]),
+        Route("/runs/{run_id}/spend", admin_only(spend), methods=["GET"]),
+        Route("/runs/{run_id}/calls", admin_only(calls), methods=["GET"]),
+        Route("/usage", admin_only(usage), methods=["GET"]),
         Route("/limits", limits, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)])
     app.state.gateway = gateway
     return app

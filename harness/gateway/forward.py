@@ -50,6 +50,26 @@ def prompt_text(body: dict[str, Any], endpoint: str) -> str:
     return "\n".join(parts)
 
 
+OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def output_allowance(body: dict[str, Any], cap: int) -> tuple[int | None, bool] | str:
+    """(completion tokens the call may produce, whether the body was capped), or why its
+    allowance is invalid. An allowance over the model's cap is lowered to it in `body`."""
+    asked: int | None = None
+    capped = False
+    for field in OUTPUT_FIELDS:
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{field} must be a positive integer, got {json.dumps(value)[:40]}"
+        if value > cap:
+            body[field], value, capped = cap, cap, True
+        asked = value if asked is None else min(asked, value)
+    return asked, capped
+
+
 def _int(value: Any, default: int) -> int:
     try:
         return int(value) if value else default
@@ -121,7 +141,7 @@ class Gateway:
         limit = self.limiter.get(upstream.name, model)
         settings = self.settings
         for attempt in range(settings.max_attempts):
-            async with limit.slot(estimated_tokens) as epoch:
+            async with limit.slot(estimated_tokens) as ticket:
                 try:
                     response = await self.http.request(method, url, content=raw if method == "POST" else None,
                                                        headers=headers)
@@ -133,10 +153,13 @@ class Gateway:
                     message = f"gateway: cannot reach {upstream.name}: {type(exc).__name__}"
                     return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), \
                         {}, attempt + 1
+                if response.status_code == 200:  # any other outcome used none of the tokens it was charged
+                    prompt, completion, _ = _usage(response.content)
+                    ticket.used = prompt + completion
             if response.status_code in THROTTLE_STATUSES:
                 wait = retry_after_s(response.headers.get("retry-after"))
                 too_long = wait is not None and wait > settings.max_retry_after_s
-                limit.on_throttle(None if too_long else wait, epoch)
+                limit.on_throttle(None if too_long else wait, ticket.epoch)
                 if attempt + 1 < settings.max_attempts and not too_long:
                     # honour Retry-After plus up to 10% jitter, so the throttled callers do not return together
                     delay = wait * (1 + 0.1 * random.random()) if wait is not None else \
@@ -147,9 +170,6 @@ class Gateway:
                 return response.status_code, self._redact(response.content, upstream), passed, attempt + 1
             if response.status_code < 500:
                 await limit.on_success()
-            if limit.tokens is not None and response.status_code == 200:
-                prompt, completion, _ = _usage(response.content)
-                limit.tokens.refund(estimated_tokens - (prompt + completion))
             return response.status_code, self._redact(response.content, upstream), {}, attempt + 1
         raise AssertionError("unreachable: max_attempts > 0")
 
@@ -173,6 +193,16 @@ class Gateway:
         if body.get("stream"):
             return error_response(400, "invalid_request", "gateway: streaming is not supported; send stream=false")
         model = body.get("model") if isinstance(body.get("model"), str) else None
+        limits = self.settings.limits_for(upstream.name, model or "")
+        allowance = output_allowance(body, limits.max_output_tokens)
+        if isinstance(allowance, str):
+            return error_response(400, "invalid_request", f"gateway: {allowance}")
+        output, capped = allowance
+        if capped:  # what is sent (and stored, and digested) is the capped request
+            raw = json.dumps(body, ensure_ascii=False).encode()
+        # the limiter's charge: about 4 bytes of request per prompt token plus the allowance,
+        # never more than the model's context
+        tokens = min(len(raw) // 4 + (output or DEFAULT_OUTPUT_ESTIMATE), limits.context_tokens)
         base = request_digest(upstream.name, endpoint, model, body)
         key = scope or "-"
         if run is not None:
@@ -197,13 +227,13 @@ class Gateway:
         if estimate:
             run.reserved += estimate  # type: ignore[union-attr]
         try:
-            return await self._serve(record, run, started, upstream, endpoint, model or "", method, raw, body)
+            return await self._serve(record, run, started, upstream, endpoint, model or "", method, raw, tokens)
         finally:
             if estimate:
                 run.reserved -= estimate  # type: ignore[union-attr]
 
     async def _serve(self, record: CallRecord, run: RunLedger | None, started: float, upstream: Upstream,
-                     endpoint: str, model: str, method: str, raw: bytes, body: dict[str, Any]) -> Response:
+                     endpoint: str, model: str, method: str, raw: bytes, estimated_tokens: int) -> Response:
         mode, store, digest = self.settings.cache, self.store, record.digest or ""
         content = await asyncio.to_thread(store.get, digest) if store is not None else None
         if content is not None:
@@ -215,7 +245,6 @@ class Gateway:
             record.cache = "replay"
             return self._finish(record, run, started, 404, error_response(404, "replay_miss", message, digest=digest),
                                 error=message, label="replay_miss")
-        estimated_tokens = len(raw) // 4 + _int(body.get("max_tokens"), 0)
         status, content, headers, attempts = await self._live(upstream, endpoint, model, method, raw, estimated_tokens)
         record.attempts = attempts
         if status == 200 and store is not None:

@@ -4,6 +4,8 @@ by role for live usage. Lives in the gateway's event loop (no locks needed)."""
 
 from __future__ import annotations
 
+import hmac
+import secrets
 from collections import Counter
 
 from harness.gateway.models import (
@@ -22,9 +24,20 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
+def new_token() -> str:
+    return secrets.token_urlsafe(32)  # 256 bits: unguessable
+
+
+def same(given: str, expected: str | None) -> bool:
+    return expected is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
 class RunLedger:
     def __init__(self, run_id: str, registration: RunRegistration):
         self.run_id = run_id
+        self.token = new_token()  # the driver's own calls (proposer)
+        self.scope_tokens: dict[str, str] = {}  # rollout scope -> its container's capability
+        self.open_scopes: set[str] = set()
         self.upstreams = dict(registration.upstreams)
         self.budget = registration.budget_usd
         self.records: list[CallRecord] = []
@@ -48,7 +61,8 @@ class RunLedger:
             return self.upstreams[role]
         return self.upstreams.get("policy") if role in POLICY_SIDE_ROLES else None
 
-    def announce(self, announcement: Announcement) -> None:
+    def announce(self, announcement: Announcement) -> dict[str, str]:
+        """Open the announced rollout scopes; returns each one's capability token."""
         for candidate_id, texts in announcement.candidates.items():
             self.candidate_texts[candidate_id] = tuple(n for n in (normalize(t) for t in texts.values()) if n)
         for scope, candidate_id in announcement.scopes.items():
@@ -57,6 +71,27 @@ class RunLedger:
                 self.unbudgeted.discard(scope)
             else:
                 self.unbudgeted.add(scope)
+            self.scope_tokens.setdefault(scope, new_token())
+            self.open_scopes.add(scope)
+        return {scope: self.scope_tokens[scope] for scope in announcement.scopes}
+
+    def close(self, scopes: list[str]) -> None:
+        """A finished rollout's token spends nothing more."""
+        self.open_scopes.difference_update(scopes)
+
+    def admits(self, token: str, scope: str, role: str) -> str | None:
+        """None if `token` may call as (scope, role), else why not. The run's token may call
+        anywhere in the run; a rollout's only in its own scope, as a policy-side role,
+        while the rollout is open."""
+        if same(token, self.token):
+            return None
+        if not same(token, self.scope_tokens.get(scope)):
+            return "the URL's token is not this rollout's"
+        if scope not in self.open_scopes:
+            return f"rollout {scope!r} is closed"
+        if role not in ("policy", *POLICY_SIDE_ROLES):
+            return f"a rollout cannot call as {role!r}"
+        return None
 
     def next_sample(self, scope: str, base_digest: str) -> int:
         key = (scope, base_digest)
@@ -119,8 +154,11 @@ class Ledger:
         self.totals: dict[str, RoleTotals] = {}
         self._unattributed: Counter[str] = Counter()
 
-    def register(self, run_id: str, registration: RunRegistration) -> RunLedger:
-        # a run id registered again is a new attempt of that run: start its ledger over
+    def register(self, run_id: str, registration: RunRegistration) -> RunLedger | None:
+        """None if the run id is taken: registering again would wipe a live run's records
+        and reset its budget. A new attempt registers after the last one's DELETE."""
+        if run_id in self.runs:
+            return None
         self.runs[run_id] = RunLedger(run_id, registration)
         return self.runs[run_id]
 

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from harness.gateway.models import LimitSettings
 
@@ -67,6 +68,17 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + amount)
 
 
+@dataclass
+class Ticket:
+    """One call's hold on a limit: the cut epoch it is sent under, and the tokens it was
+    charged; the caller sets `used` from the answer (0 for a failure) and the difference
+    goes back to the bucket whatever the outcome, so no single call can hold it down."""
+
+    epoch: int
+    charged: float = 0.0
+    used: float = 0.0
+
+
 class AdaptiveLimit:
     def __init__(self, settings: LimitSettings):
         self.max = settings.max_concurrency
@@ -85,20 +97,27 @@ class AdaptiveLimit:
         return max(0, int(self.limit) - self.in_flight)
 
     @asynccontextmanager
-    async def slot(self, estimated_tokens: int = 0) -> AsyncIterator[int]:
-        """Hold one slot; yields the epoch (cuts so far) the call is sent under."""
+    async def slot(self, estimated_tokens: int = 0) -> AsyncIterator[Ticket]:
+        """Hold one slot; yields the call's ticket. `estimated_tokens` must be bounded (the
+        gateway caps it at the model's context): a charge above the bucket's capacity is
+        taken as debt that every later caller waits out."""
         async with self._cond:
             await self._cond.wait_for(lambda: self._free() > 0)
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
+        ticket = Ticket(epoch=self.cuts)
         try:
             await self.wait_pause()
             if self.requests is not None:
                 await self.requests.take(1)
             if self.tokens is not None and estimated_tokens:
                 await self.tokens.take(estimated_tokens)
-            yield self.cuts
+                ticket.charged = float(estimated_tokens)
+            ticket.epoch = self.cuts
+            yield ticket
         finally:
+            if self.tokens is not None and ticket.charged:
+                self.tokens.refund(ticket.charged - ticket.used)
             async with self._cond:
                 self.in_flight -= 1
                 self._cond.notify(self._free())

@@ -28,6 +28,10 @@ class LimitSettings(_Frozen):
     max_concurrency: int = Field(default=64, gt=0)
     requests_per_min: float | None = Field(default=None, gt=0)
     tokens_per_min: float | None = Field(default=None, gt=0)
+    # a request asking for more output than this is capped to it; its token estimate (the
+    # rate limiter's charge) never exceeds the model's context
+    max_output_tokens: int = Field(default=32768, gt=0)
+    context_tokens: int = Field(default=131072, gt=0)
 
 
 class GatewaySettings(_Frozen):
@@ -45,6 +49,7 @@ class GatewaySettings(_Frozen):
     # instead of pausing every run on that model for hours
     max_retry_after_s: float = Field(default=60.0, gt=0)
     limits: LimitSettings = LimitSettings()
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get a 413
     # per model name or upstream name; overrides `limits`
     model_limits: dict[str, LimitSettings] = Field(default_factory=dict)
 
@@ -71,6 +76,23 @@ class Upstream(_Frozen):
 class RunRegistration(_Frozen):
     upstreams: dict[str, str]  # role -> upstream name; grader and user_simulator default to policy
     budget_usd: float | None = Field(default=None, gt=0)
+
+
+class RunGrant(_Frozen):
+    """A registered run: the capability its driver's own (proposer) calls carry."""
+
+    registered: str
+    token: str
+
+
+class ScopeGrants(_Frozen):
+    """Rollout scope -> the capability that rollout's container carries in its URL."""
+
+    tokens: dict[str, str]
+
+
+class ScopeClosing(_Frozen):
+    scopes: list[str]
 
 
 class Announcement(_Frozen):

@@ -61,6 +61,12 @@ class GatewayService:
             self._ready = True
         return self._server.url
 
+    @property
+    def admin_token(self) -> str:
+        self.spawn()
+        assert self._server is not None
+        return self._server.admin_token
+
     def route(self, spec: ModelSpec, base_url: str) -> tuple[str, str]:
         """(upstream name, unattributed gateway URL) of a model endpoint, registered once."""
         upstream = upstream_for(spec, base_url)
@@ -76,7 +82,8 @@ class GatewayService:
         if self._server is None:
             return None
         try:
-            return UsageTotals.model_validate_json(httpx.get(f"{self._server.url}/usage", timeout=2.0).content)
+            return UsageTotals.model_validate_json(httpx.get(f"{self._server.url}/usage", timeout=2.0,
+                                                             headers=self._server.admin_headers).content)
         except (httpx.HTTPError, ValueError):
             return None
 

@@ -1,11 +1,17 @@
 """A run's side of the gateway: it registers the run (roles -> upstreams, USD budget),
 gives each rollout and each proposer call its own attributed URL, announces rollouts
-before they start (for the prompt check and the budget), reads the metered spend back
-into the run, and fetches the run's calls for its evidence at the end."""
+before they start (for the prompt check and the budget) and closes them when they end,
+reads the metered spend back into the run, and fetches the run's calls for its evidence
+at the end.
+
+Authority: the control calls carry the driver's admin token; the gateway answers the
+registration with the run's token (for the proposer's URLs) and each announcement with one
+token per rollout (for that rollout's URL, the only one its container sees)."""
 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -16,7 +22,16 @@ from pydantic import TypeAdapter
 from harness.contract import PolicyBlock
 from harness.http_pool import ClientPerCall
 from harness.errors import FailureKind, ServiceError
-from harness.gateway.models import Announcement, CallRecord, RunRegistration, RunSpend, UsageTotals
+from harness.gateway.models import (
+    Announcement,
+    CallRecord,
+    RunGrant,
+    RunRegistration,
+    RunSpend,
+    ScopeClosing,
+    ScopeGrants,
+    UsageTotals,
+)
 
 if TYPE_CHECKING:
     from harness.llm import ChatClient
@@ -29,9 +44,15 @@ REFRESH_EVERY_S = 1.0
 
 class GatewaySession:
     def __init__(self, gateway_url: str, run_id: str, *, policy_upstream: str, proposer_upstream: str,
-                 budget_usd: float | None = None, timeout_s: float = 60.0):
+                 budget_usd: float | None = None, timeout_s: float = 60.0, admin_token: str | None = None):
         self.gateway_url = gateway_url.rstrip("/")
         self.run_id = run_id
+        # this attempt's name at the gateway: a retried run (its last attempt's worker died
+        # before it could DELETE) registers anew instead of meeting a 409
+        self.key = f"{run_id}~{secrets.token_hex(4)}"
+        self._headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._token = ""  # the run's capability, from the registration
+        self._scope_tokens: dict[str, str] = {}
         self.registration = RunRegistration(upstreams={"policy": policy_upstream, "proposer": proposer_upstream},
                                             budget_usd=budget_usd)
         self.spend = RunSpend(run_id=run_id)
@@ -46,7 +67,8 @@ class GatewaySession:
     async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
         try:
             async with self._clients.client() as http:
-                response = await http.request(method, f"{self.gateway_url}{path}", content=body)
+                response = await http.request(method, f"{self.gateway_url}{path}", content=body,
+                                              headers=self._headers)
         except httpx.HTTPError as exc:
             raise ServiceError(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
         if response.status_code != 200:
@@ -55,20 +77,27 @@ class GatewaySession:
         return response
 
     async def open(self) -> None:
-        await self._request("POST", f"/runs/{self.run_id}", self.registration.model_dump_json())
+        response = await self._request("POST", f"/runs/{self.key}", self.registration.model_dump_json())
+        self._token = RunGrant.model_validate_json(response.content).token
 
-    def url(self, scope: str, role: str) -> str:
-        return f"{self.gateway_url}/r/{self.run_id}/{quote(scope, safe=':')}/{role}/v1"
+    def url(self, scope: str, role: str, token: str | None = None) -> str:
+        return f"{self.gateway_url}/c/{token or self._token}/r/{self.key}/{quote(scope, safe=':')}/{role}/v1"
 
     def policy_block(self, base: PolicyBlock, rollout_id: str) -> PolicyBlock:
-        """The rollout's policy block: the container calls the gateway at a URL naming the rollout."""
-        url = self.url(rollout_id, "policy")
+        """The rollout's policy block: the container calls the gateway at a URL naming the
+        rollout and carrying its capability (announced before it starts)."""
+        url = self.url(rollout_id, "policy", self._scope_tokens[rollout_id])
         return base.model_copy(update={"base_url": url, "inference_url": url})
 
     async def announce(self, scopes: dict[str, str], candidates: dict[str, dict[str, str]], budgeted: bool) -> None:
         self._rollout_scopes.update(scopes)
         body = Announcement(scopes=scopes, candidates=candidates, budgeted=budgeted)
-        await self._request("POST", f"/runs/{self.run_id}/scopes", body.model_dump_json())
+        response = await self._request("POST", f"/runs/{self.key}/scopes", body.model_dump_json())
+        self._scope_tokens.update(ScopeGrants.model_validate_json(response.content).tokens)
+
+    async def close_scopes(self, scopes: list[str]) -> None:
+        """The rollouts ended: their containers' URLs spend nothing more."""
+        await self._request("POST", f"/runs/{self.key}/scopes/close", ScopeClosing(scopes=scopes).model_dump_json())
 
     def proposer_client(self, client: "ChatClient") -> "ChatClient":
         """`client` aimed at this run's next proposer scope."""
@@ -99,7 +128,7 @@ class GatewaySession:
     async def refresh(self) -> set[str]:
         """Read the run's spend; returns the scopes refused (budget) since the last refresh."""
         self._refreshed_at = time.monotonic()
-        response = await self._request("GET", f"/runs/{self.run_id}/spend")
+        response = await self._request("GET", f"/runs/{self.key}/spend")
         self.spend = RunSpend.model_validate_json(response.content)
         refused = self.spend.refused_scopes[self._refused_seen:]
         self._refused_seen = len(self.spend.refused_scopes)
@@ -121,7 +150,7 @@ class GatewaySession:
         return spend.budgeted_cost_usd + rollouts * per_rollout + proposer_calls * per_call > budget
 
     async def calls(self) -> list[CallRecord]:
-        response = await self._request("GET", f"/runs/{self.run_id}/calls")
+        response = await self._request("GET", f"/runs/{self.key}/calls")
         return _RECORDS.validate_json(response.content)
 
     def rows(self, records: list[CallRecord]) -> list[dict[str, Any]]:
@@ -149,7 +178,7 @@ class GatewaySession:
 
     async def close(self) -> None:
         try:
-            await self._request("DELETE", f"/runs/{self.run_id}")
+            await self._request("DELETE", f"/runs/{self.key}")
         except ServiceError:
             pass  # the gateway may be gone already; it forgets runs when it stops
         await self._clients.aclose()

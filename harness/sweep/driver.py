@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -91,7 +92,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     todo: list[PlannedRun] = []
     for run in runs:
         manifest = store.run_location(run.spec.run_id).read_manifest()
-        if manifest is not None and manifest.get("status") == "done":
+        if manifest is not None and manifest.get("status") == "done" and not base.force:
             rows[run.spec.run_id] = _index_row(run.spec, "skipped", None, 0) | {
                 "evidence_dir": store.run_location(run.spec.run_id).run_dir, **_recorded_results(manifest)}
         else:
@@ -172,7 +173,6 @@ def _start_services(services: Services, todo: list[PlannedRun], rows: dict[str, 
     start is recorded failed with the cause (each broken combination is tried once)."""
     broken: dict[tuple[str, ...], str] = {}
     endpoints: dict[str, Endpoints] = {}
-    services.protect_keys(*(m for run in todo for m in (run.spec.policy, run.spec.proposer)))
     for run in todo:
         spec = run.spec
         key = tuple(s.model_dump_json() for s in (spec.container, spec.policy, spec.proposer))
@@ -207,6 +207,7 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
     from ray.exceptions import RayActorError, RayError, WorkerCrashedError
 
     queue = list(todo)
+    driver = (socket.gethostname(), os.getpid())  # workers on this host stop when this process is gone
     attempts: dict[str, int] = {}
     in_flight: dict[Any, tuple[PlannedRun, Any]] = {}
     idle: list[Any] = []
@@ -229,7 +230,8 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
         actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run, **placement).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
         ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
-                               board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id))
+                               board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id),
+                               force=base.force, driver=driver)
         in_flight[ref] = (run, actor)
         rows[run.spec.run_id]["status"] = "running"
 

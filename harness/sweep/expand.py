@@ -22,7 +22,8 @@ AXES: dict[str, str] = {
 
 class SweepSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # a directory under evidence_root: no leading dot (`..`, `.`, hidden names stay out)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$", max_length=128)
     description: str = ""
     containers: list[str] | None = None
     policies: list[str] | None = None

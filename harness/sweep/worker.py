@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -87,6 +89,31 @@ def board_restarter(board: Any, url: str, timeout_s: float) -> Callable[[], Awai
     return restart
 
 
+_watched: set[int] = set()
+
+
+def watch_driver(host: str, pid: int, every_s: float = 0.5) -> None:
+    """End this worker process when the sweep's driver (on this host) is gone: a driver
+    killed with SIGKILL cannot stop Ray's workers, and one left behind would go on
+    finishing a run whose gateway and containers died with the driver. Its run's
+    evidence stays unfinished (staged, no manifest), so the next invocation redoes it."""
+    if host != socket.gethostname() or pid in _watched:
+        return
+    _watched.add(pid)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass  # alive (a process we may not signal)
+            time.sleep(every_s)
+
+    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+
+
 def _run_logger(log_path: Path) -> logging.Logger:
     logger = logging.getLogger(f"harness.run.{log_path.stem}")
     logger.handlers.clear()
@@ -102,7 +129,10 @@ def _run_logger(log_path: Path) -> logging.Logger:
 @ray.remote
 class RunWorker:
     def run(self, spec_json: str, endpoints_json: str, limiter: Any, board: Any, log_dir: str,
-            max_error_rate: float, holder: str | None = None) -> str:
+            max_error_rate: float, holder: str | None = None, force: bool = False,
+            driver: tuple[str, int] | None = None) -> str:
+        if driver is not None:
+            watch_driver(*driver)
         spec = RunSpec.model_validate_json(spec_json)
         run_log = Path(log_dir) / f"{spec.run_id}.log"
         endpoints = Endpoints.model_validate_json(endpoints_json)
@@ -128,7 +158,7 @@ class RunWorker:
             restart = board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60)
             outcome = asyncio.run(execute_run(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
                                               rollout_gate=rollout_gate, proposer_gate=proposer_gate,
-                                              restart_container=restart))
+                                              restart_container=restart, force=force))
         except Exception as exc:  # recorded in the index; the sweep goes on
             logger.exception("run %s failed before it could write evidence", spec.run_id)
             outcome = RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="", error=f"{type(exc).__name__}: {exc}")
