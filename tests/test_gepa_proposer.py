@@ -232,3 +232,14 @@ def test_yes_no_rules_keep_backticked_feature_words() -> None:
     proposal = propose(SEED, text, "rules", labels=["no", "yes"],
                        results=[failure("yes", "no", inputs="Chest pain type: asymptomatic")])
     assert proposal.status == "changed" and proposal.dropped == {}
+
+
+def test_a_rule_that_teaches_the_wrong_answer_given_is_dropped() -> None:
+    """Seen with the local 1.5B proposer: the rule names the answer the policy gave, not the
+    expected one the feedback names."""
+    text = ("- If the input asks about fees for topping up, the answer is `exchange_rate`.\n"
+            "- If the input asks where a card is, the answer is `card_arrival`.")
+    proposal = propose(SEED, text, "rules", labels=LABELS, results=[failure("card_arrival", "exchange_rate")])
+    assert LearnedModule.parse(proposal.text).lines("rules") == (
+        "- If the input asks where a card is, the answer is `card_arrival`.",)
+    assert proposal.dropped == {"repeats_a_wrong_answer": 1}

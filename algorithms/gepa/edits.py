@@ -111,10 +111,11 @@ def _guide_label(line: str, labels: dict[str, str]) -> str | None:
 
 
 def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | None, existing: Sequence[str],
-           failure_text: Sequence[str], example_text: Sequence[str]) -> Screen:
+           failure_text: Sequence[str], example_text: Sequence[str], wrong_answers: Sequence[str] = ()) -> Screen:
     """Keep the lines worth a rollout. With an answer space (`labels`), a line must name
-    exactly one valid answer; it is relevant when that answer appears in a failure's
-    feedback. Without one (open-ended answers), a line must not copy an example or its
+    exactly one valid answer, and not an answer the policy gave on a failed example (a
+    small proposer often copies the given answer where the expected one belongs); it is
+    relevant when that answer appears in a failure's feedback. Without one (open-ended answers), a line must not copy an example or its
     feedback: that memorises one row instead of teaching the task."""
     by_canon = {canon(label): label for label in labels or []}
     seen = {line.strip().lower() for line in existing}
@@ -125,6 +126,7 @@ def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | No
         dropped[why] = dropped.get(why, 0) + 1
 
     failures = " ".join(failure_text)
+    wrong = {canon(answer) for answer in wrong_answers} - {""}
     for raw in lines:
         item = _LIST_LINE.match(raw)
         body = (item.group(1) if item else raw).strip()
@@ -157,6 +159,9 @@ def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | No
                     drop("no_valid_answer" if not valid else "several_answers")
                     continue
                 label = next(iter(valid))
+            if canon(label) in wrong:
+                drop("repeats_a_wrong_answer")
+                continue
         relevant = label is None or label in failures or f"`{label}`" in failures
         seen.add(text.lower())
         kept.append(ScreenedLine(text=text, label=label, relevant=relevant))

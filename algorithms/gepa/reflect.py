@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from algorithms.gepa.edits import (
     SECTION_OF_FORMAT,
+    canon,
     LearnedModule,
     copies_from,
     pick,
@@ -97,8 +98,9 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
     lines: list[str] = []
     for reply in replies:
         lines += reply_lines(reply.text, reply.finish_reason, edit_format)[0]
+    wrong = _wrong_answers([r for r in shown if is_failure(r)], answer_space(task_info) or [])
     screened = screen(lines, edit_format, labels=answer_space(task_info), existing=existing,
-                      failure_text=failures, example_text=examples)
+                      failure_text=failures, example_text=examples, wrong_answers=wrong)
     if edit_format == "consolidate":
         kept = [ln.text for ln in screened.lines][:settings.max_learned_lines // 2]
         changed = bool(kept) and kept != list(module.lines(section))
@@ -109,6 +111,15 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
         changed = bool(new)
         text = module.with_lines(section, [*module.lines(section), *new]).render() if changed else module_text
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
+
+
+def _wrong_answers(failed: Sequence[RolloutResult], labels: Sequence[str]) -> list[str]:
+    """Answers the policy gave on failed examples that no other failure's feedback names
+    (as the expected answer there)."""
+    given = {canon(r.output) for r in failed if r.output.strip()}
+    expected = {canon(label) for label in labels
+                if any(f"`{label}`" in r.feedback and canon(r.output) != canon(label) for r in failed)}
+    return sorted(given - expected)
 
 
 def _rewrite(module_text: str, replies: Sequence[ChatResult], examples: list[str], base: dict[str, Any]) -> Proposal:
