@@ -164,7 +164,8 @@ def test_a_refused_policy_fails_the_run_at_the_tolerance(tmp_path, data_dir, ban
     assert f"ConnectError calling {dead}/chat/completions" in outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     assert {r["status"] for r in ev["rollouts"]} == {"error"}
-    assert all(r["reward"] == 0.0 and "ConnectError" in r["error"] for r in ev["rollouts"])
+    # error rows carry no reward (never a zero) and the cause
+    assert all(r["reward"] is None and "ConnectError" in r["error"] for r in ev["rollouts"])
 
 
 def test_the_cli_with_flaky_models(tmp_path: Path, data_dir: Path) -> None:

@@ -224,7 +224,9 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tiny_disk, free
     with pytest.raises(HarnessError) as caught:
         run_on(spec, banking77_url, scripted_policy.base_url)
     message = str(caught.value)
-    assert message.startswith(f"cannot write evidence {tiny_disk}/evidence/local/{spec.run_id}/")
+    # the run writes into its staging folder and is swapped in only when whole
+    staged = re.escape(f"{tiny_disk}/evidence/local/.staging/{spec.run_id}-")
+    assert re.match(rf"cannot write evidence {staged}[0-9a-f]+/\w+\.(parquet|json): ", message), message
     assert "No space left on device" in message and "\n" not in message
     checkpoint = f"evidence/local/.checkpoints/{spec.run_id}.json"
     assert set(files_under(tiny_disk)) - {checkpoint} == {"filler"}  # no table, no manifest, no temporary file
