@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from harness.candidates import Candidate, RolloutResult, digest_of
@@ -18,68 +18,13 @@ from harness.errors import HarnessError, ServiceError, Unreachable
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.outcome import RolloutOutcome, judge
 from harness.pricing import cost_usd
+from harness.run_state import OPTIMIZATION_STAGES, BudgetExhausted, Evidence, Progress, RunFailed, Usage
 from harness.specs import RunSpec
 
 if TYPE_CHECKING:
     from harness.gateway.session import GatewaySession
 
-OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
-
-
-class BudgetExhausted(Exception):
-    """The next step would cross a budget; the optimizer stops cleanly."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class RunFailed(HarnessError):
-    """Too many failed rollouts (stop reason `error_rate`) or a container lost for good
-    (`container_lost`): the run stops with a clear status."""
-
-    def __init__(self, message: str, stop_reason: str = "container_lost"):
-        super().__init__(message)
-        self.stop_reason = stop_reason
-
-
-@dataclass
-class Usage:
-    rollouts: int = 0
-    heldout_rollouts: int = 0
-    failed_rollouts: int = 0
-    policy_prompt_tokens: int = 0
-    policy_completion_tokens: int = 0
-    proposer_prompt_tokens: int = 0
-    proposer_completion_tokens: int = 0
-    proposer_calls: int = 0
-    cost_usd: float = 0.0
-    cost_unknown: bool = False
-    budget_refused: bool = False  # the gateway refused a call that would cross max_cost_usd
-
-    @property
-    def tokens(self) -> int:
-        return (self.policy_prompt_tokens + self.policy_completion_tokens
-                + self.proposer_prompt_tokens + self.proposer_completion_tokens)
-
-
-@dataclass
-class Evidence:
-    rollouts: list[dict[str, Any]] = field(default_factory=list)
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-    proposals: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Progress:
-    rollouts: int
-    budget: int
-    best_score: float | None
-    tokens: int
-    stage: str
-    spend: Any = None  # the gateway's RunSpend (policy vs proposer), when the run goes through one
-
+__all__ = ["OPTIMIZATION_STAGES", "BudgetExhausted", "Evidence", "Progress", "RunContext", "RunFailed", "Usage"]
 
 class RunContext:
     def __init__(
