@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
                        f"sweep.seeds=[{seed}]", *(QUICK if args.quick else []), *args.overrides]
             print(f"[quality] seed {seed}: {' '.join(command[1:])}", flush=True)
             started = time.monotonic()
-            code = subprocess.run(command, check=False).returncode
+            try:
+                code = subprocess.run(command, check=False).returncode
+            except KeyboardInterrupt:  # the harness stops its runs itself; keep what is done
+                write(evidence / "quality", out, title)
+                print("[quality] interrupted: run the same command again to resume", flush=True)
+                return 130
             print(f"[quality] seed {seed}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
             write(evidence / "quality", out, title)  # the table so far, after every seed
             if code not in (0, 1):  # 1: some run failed (recorded, shown in the table); else: stop here
