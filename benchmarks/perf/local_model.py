@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.containers.banking77 import Banking77  # noqa: E402
+from benchmarks.containers.kit import policy_result  # noqa: E402
 from benchmarks.perf.common import write_results  # noqa: E402
 from harness.llm import ChatMessage  # noqa: E402
 from harness.local_model import LocalModelServer, LocalServerSettings  # noqa: E402
@@ -119,7 +120,7 @@ async def ask(http: httpx.AsyncClient, server: LocalModelServer, container: Bank
     return Call(latency_s=latency, prompt_tokens=int(usage.get("prompt_tokens") or 0),
                 completion_tokens=int(usage.get("completion_tokens") or 0), prompt_n=timing("prompt_n"),
                 cache_n=timing("cache_n"), prompt_ms=timing("prompt_ms"), predicted_ms=timing("predicted_ms"),
-                reward=container.score(row.row, text)[0])
+                reward=container.score(row.row, policy_result(text))[0])
 
 
 async def bounded(server: LocalModelServer, container: Banking77, rows: list[Row], in_flight: int,

@@ -75,6 +75,8 @@ def _rollout_chunk(run_id: str, rng: np.random.Generator, start: int, size: int,
         "latency_s": pa.array(rng.random(size)), "elapsed_s": pa.array(seq / n_rows * 600.0),
         "output": pa.array(np.full(size, "label")), "feedback": pa.array(np.full(size, "")),
     }
+    for name in ROLLOUTS.names:  # columns this benchmark does not vary (inputs, feedback source, ...)
+        columns.setdefault(name, pa.nulls(size, ROLLOUTS.field(name).type))
     return pa.Table.from_pydict(columns, schema=with_version(ROLLOUTS))
 
 
