@@ -110,7 +110,7 @@ def test_soak_fifty_runs_with_five_percent_faults(tmp_path: Path, data_dir: Path
         if fault["kind"] in RETRIED_KINDS:
             assert row["status"] == "ok", (fault, row)
         else:
-            assert row["status"] == "error" and row["reward"] == 0.0, (fault, row)
+            assert row["status"] == "error" and row["reward"] is None, (fault, row)  # no reward, never a zero
         survived[fault["kind"]] += 1
     deaths = container_log.count(f"chaos: exiting after {DIE_AFTER} rollouts")
     restarts = sum("container_restarted" in pq.read_table(p).column("kind").to_pylist()
