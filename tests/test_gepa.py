@@ -294,3 +294,19 @@ def test_both_arms_take_the_proposer_models_own_token_cap(tmp_path, data_dir, ur
     assert (proposals["completion_tokens"] <= 6 * proposals["attempts"]).all()
     if algorithm == "gepa":
         assert proposals["truncated_replies"].sum() > 0  # the cap bit, and our parser saw it
+
+
+@pytest.mark.parametrize("lines_per_reply, calls", [(2, 1), (1, 2)])
+def test_sampling_stops_once_enough_lines_survive_the_screen(tmp_path, data_dir, urls, bank,
+                                                             lines_per_reply: int, calls: int) -> None:
+    """`proposal_samples` is a ceiling: a second reply is asked for only when the first
+    yields fewer than `lines_wanted` lines that pass the screen."""
+    rows, train = bank["rows"], bank["train"]
+    replies = ["\n".join(f'- If the message mentions "{rows[i]["text"]}", answer: {rows[i]["label"]}'
+                         for i in train[k * lines_per_reply:(k + 1) * lines_per_reply]) for k in range(2)]
+    params = {**EXACT, "edit_formats": ["rules"], "proposal_samples": 2, "lines_wanted": 2}
+    with ScriptedModelThread("queue", replies) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=1, params=params)
+    proposal = ev["proposals"].row(0, named=True)
+    assert (proposal["status"], proposal["attempts"], len(proposal["proposer_replies"])) == ("changed", calls, calls)
+    assert proposal["learned_lines"] == 2

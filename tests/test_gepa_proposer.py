@@ -243,3 +243,29 @@ def test_a_rule_that_teaches_the_wrong_answer_given_is_dropped() -> None:
     assert LearnedModule.parse(proposal.text).lines("rules") == (
         "- If the input asks where a card is, the answer is `card_arrival`.",)
     assert proposal.dropped == {"repeats_a_wrong_answer": 1}
+
+
+def test_answer_guide_joins_a_label_line_with_its_description_below() -> None:
+    """Small models often put `label:` on its own line and the description under it."""
+    text = ("card_arrival:\nMessages asking where an ordered card is\n\n"
+            "exchange_rate:\nQuestions about the rate used to convert money\n"
+            "top_up_failed:")
+    proposal = propose(SEED, text, "answer_guide", labels=LABELS,
+                       results=[failure("card_arrival", "top_up_failed"), failure("exchange_rate", "top_up_failed")])
+    assert LearnedModule.parse(proposal.text).lines("answer_guide") == (
+        "- card_arrival: Messages asking where an ordered card is",
+        "- exchange_rate: Questions about the rate used to convert money")
+    assert proposal.added == 2
+
+
+@pytest.mark.parametrize("replies, wanted, enough", [
+    (["- If the input asks where a card is, answer `card_arrival`."], 2, False),
+    (["- If the input asks where a card is, answer `card_arrival`.\n"
+      "- If the input asks about a rate, answer `exchange_rate`."], 2, True),
+    (["- If the input asks where a card is, answer `card_arrival`."], 1, True),
+    (["- Nothing that names a label here at all."], 1, False),
+])
+def test_sampling_stops_once_enough_lines_survive(replies: list[str], wanted: int, enough: bool) -> None:
+    proposal = propose(SEED, replies, "rules", labels=LABELS,
+                       results=[failure("card_arrival", "top_up_failed"), failure("exchange_rate", "top_up_failed")])
+    assert proposal.enough(wanted) is enough

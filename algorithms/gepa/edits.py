@@ -22,6 +22,8 @@ SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolid
 _FENCE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
 _GUIDE_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*[`'\"*]*([A-Za-z0-9_?\- ]{1,60}?)[`'\"*]*\s*[:–—-]\s+(.{8,})$")
+# `label:` alone on its line, its description on the next (a common small-model layout)
+_GUIDE_HEAD = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*[`'\"*]*[A-Za-z0-9_?\-]{1,60}[`'\"*]*\s*:\s*$")
 _QUOTED = re.compile(r"[`'\"]([^`'\"\n]{1,60})[`'\"]")
 _SNAKE = re.compile(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\??")
 _AFTER_ANSWER = re.compile(r"\b(?:answer|label|intent|reply|respond)(?:\s+(?:is|with|should\s+be|must\s+be))?"
@@ -64,8 +66,19 @@ def reply_lines(reply: str, finish_reason: str | None, edit_format: str) -> tupl
     if cut:
         raw = raw[:-1]
     if edit_format == "answer_guide":
-        return [line for line in raw if _GUIDE_LINE.match(line) or _LIST_LINE.match(line)], cut
+        return [line for line in _join_guide_heads(raw) if _GUIDE_LINE.match(line) or _LIST_LINE.match(line)], cut
     return [line for line in raw if _LIST_LINE.match(line)], cut
+
+
+def _join_guide_heads(lines: list[str]) -> list[str]:
+    """`label:` on one line and its description on the next, as one `label: description` line."""
+    joined: list[str] = []
+    for line in lines:
+        if joined and _GUIDE_HEAD.match(joined[-1]) and not _GUIDE_HEAD.match(line) and not _GUIDE_LINE.match(line):
+            joined[-1] = f"{joined[-1].rstrip()} {line.strip()}"
+        else:
+            joined.append(line)
+    return joined
 
 
 def _words(text: str) -> list[str]:

@@ -38,7 +38,10 @@ class GepaParams(BaseModel):
     # None: the proposer model's own settings (configs/proposer/*.yaml)
     proposer_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     proposer_max_tokens: int | None = Field(default=None, gt=0)
-    proposal_samples: int = Field(default=2, gt=0)  # replies sampled per request, screened before any rollout
+    proposal_samples: int = Field(default=2, gt=0)  # at most this many replies per request, screened before any rollout
+    # sampling stops early once this many new lines survived the screen: a reply costs tens
+    # of seconds with a local proposer, and a second one is only worth it when the first fell short
+    lines_wanted: int = Field(default=2, gt=0)
     proposal_attempts: int = Field(default=2, gt=0)  # requests, with the next format, while nothing survives
     max_examples: int = Field(default=4, gt=0)  # reflection rows shown to the proposer, failures first
     max_new_lines: int = Field(default=4, gt=0)  # learned lines one proposal may add
@@ -283,6 +286,9 @@ class GepaOptimizer:
                     tokens[1] += reply.completion_tokens
                     latency += reply.latency_s
                     replies.append(reply)
+                    proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
+                    if proposal.enough(params.lines_wanted):
+                        break
             except ServiceError as exc:
                 # An endpoint that keeps failing (after the client's retries) fails the run.
                 self._proposer_errors += 1

@@ -42,6 +42,14 @@ class Proposal(BaseModel):
     replies: tuple[str, ...] = ()
     dropped: dict[str, int] = Field(default_factory=dict)
     truncated_replies: int = 0
+    added: int = 0  # learned lines added (0 for a consolidation or a rewrite)
+
+    def enough(self, lines_wanted: int) -> bool:
+        """Whether sampling more replies can stop: a whole-section or whole-module edit is
+        complete as it is; appended lines are enough once `lines_wanted` survived the screen."""
+        if self.status != "changed":
+            return False
+        return self.edit_format in ("consolidate", "rewrite") or self.added >= lines_wanted
 
 
 class Rotation:
@@ -110,6 +118,7 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
         new = [ln.text for ln in pick(screened.lines, min(settings.max_new_lines, room))]
         changed = bool(new)
         text = module.with_lines(section, [*module.lines(section), *new]).render() if changed else module_text
+        base["added"] = len(new)
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
 
 

@@ -4,7 +4,8 @@ and heart disease with the local models (policy and proposer Qwen2.5-Coder-1.5B)
 
 It drives the `quality` sweep (configs/sweep/quality.yaml) one seed at a time, so every
 cell gets its first seed before any gets its third, and the sweep's resume makes it
-restartable: run the same command again and finished runs are skipped. Evidence goes to
+restartable: run the same command again and finished runs are skipped. Model responses are
+kept in `results/.cache/` (not committed), so the seed's answers are computed once. Evidence goes to
 `benchmarks/quality/results/evidence/` (committed with the table, so a later session on
 another machine resumes too); the table to `results/summary.md`.
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for seed in seeds:
             command = [sys.executable, "-m", "harness", "+sweep=quality", f"evidence_root={evidence}",
+                       f"gateway.cache_path={out / '.cache' / 'responses.sqlite'}",
                        f"sweep.seeds=[{seed}]", *(QUICK if args.quick else []), *args.overrides]
             print(f"[quality] seed {seed}: {' '.join(command[1:])}", flush=True)
             started = time.monotonic()
