@@ -21,7 +21,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 
 def run_single(config: HarnessConfig, console: Console) -> int:
-    from harness.console import RunProgressBar, print_outcome
+    from harness.console import print_outcome, run_progress
     from harness.evidence.writer import EvidenceLocation
     from harness.preflight import check_model_keys
     from harness.run import execute_run, finished
@@ -43,8 +43,8 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
         console.print("starting container and model servers ...", highlight=False)
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
-        with RunProgressBar(console, spec.container.name, spec.budget.max_rollouts,
-                            live_usage=config.gateway.live_usage) as bar:
+        with run_progress(console, spec.container.name, spec.budget.max_rollouts,
+                          every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
             outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
                                               restart_container=services.restarter(endpoints.container_url),
                                               force=config.force))

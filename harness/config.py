@@ -48,6 +48,7 @@ class HarnessConfig(BaseModel):
     seed: int = 0
     concurrency: int = Field(default=2, gt=0)
     checkpoint_every_s: float = Field(default=10.0, gt=0)
+    progress_every_s: float = Field(default=30.0, gt=0)  # progress lines when stdout is not a terminal
     max_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
     heldout_candidates: Any = "best"
     evidence_root: str = "evidence"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import threading
+import time
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -35,8 +38,71 @@ class RunProgressBar:
 
     def __call__(self, progress: RunProgress) -> None:
         best = "-" if progress.best_score is None else f"{progress.best_score:.3f}"
+        stage = f"heldout {progress.heldout_rollouts}" if progress.heldout_rollouts else progress.stage
         self._bar.update(self._task, completed=progress.rollouts, best=best, tokens=progress.tokens,
-                         stage=progress.stage, usage=live_usage_text(progress.spend))
+                         stage=stage, usage=live_usage_text(progress.spend))
+
+
+class ProgressLines:
+    """The progress bar's content as plain lines, for output that is not a terminal (a log
+    file, CI, `nohup`): one line when the run starts optimizing and when it starts heldout
+    re-scoring, then one every `every_s` seconds while anything changed, and one at the end."""
+
+    def __init__(self, console: Console, label: str, budget: int, *, every_s: float = 30.0,
+                 live_usage: bool = False, clock: Callable[[], float] = time.monotonic):
+        self.console, self.label, self.budget, self.every_s = console, label, budget, every_s
+        self.live_usage, self.clock = live_usage, clock
+        self._started = clock()
+        self._latest: RunProgress | None = None
+        self._printed: RunProgress | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._every, name="progress-lines", daemon=True)
+
+    def __enter__(self) -> "ProgressLines":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tick()
+
+    def __call__(self, progress: RunProgress) -> None:
+        with self._lock:
+            before, self._latest = self._latest, progress
+            new_phase = before is None or (progress.heldout_rollouts > 0) != (before.heldout_rollouts > 0)
+        if new_phase:
+            self.tick()
+
+    def _every(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """Print the latest progress if it changed since the last line."""
+        with self._lock:
+            latest = self._latest
+            if latest is None or latest == self._printed:
+                return
+            self._printed = latest
+        self.console.print(self.line(latest), highlight=False, markup=False, soft_wrap=True)
+
+    def line(self, progress: RunProgress) -> str:
+        best = "-" if progress.best_score is None else f"{progress.best_score:.3f}"
+        heldout = f", heldout {progress.heldout_rollouts} rollouts" if progress.heldout_rollouts else ""
+        usage = f", {live_usage_text(progress.spend)}" if self.live_usage and progress.spend is not None else ""
+        elapsed = int(self.clock() - self._started)
+        return (f"[progress] {self.label}: {progress.rollouts}/{self.budget} rollouts{heldout}, best {best}, "
+                f"{progress.tokens} tokens, {progress.stage}, {elapsed // 60}m{elapsed % 60:02d}s{usage}")
+
+
+def run_progress(console: Console, label: str, budget: int, *, every_s: float,
+                 live_usage: bool) -> RunProgressBar | ProgressLines:
+    """A live bar on a terminal, periodic lines anywhere else."""
+    if console.is_terminal:
+        return RunProgressBar(console, label, budget, live_usage=live_usage)
+    return ProgressLines(console, label, budget, every_s=every_s, live_usage=live_usage)
 
 
 def prompt_diff(before: dict[str, str], after: dict[str, str]) -> str:

@@ -361,6 +361,7 @@ class RunContext:
             usage.cost_unknown = True
         else:
             usage.cost_usd += cost
+        self.notify(stage)  # per rollout: a person watching sees each one land, not each batch
 
     def _check_error_rate(self, final: bool = False) -> None:
         """Fail the run when more rollouts failed than tolerated: from 10 rollouts on, and
@@ -481,4 +482,5 @@ class RunContext:
     def notify(self, stage: str) -> None:
         if self.observer is not None:
             self.observer(Progress(self.usage.rollouts, self.spec.budget.max_rollouts, self.best_score,
-                                   self.usage.tokens, stage, self.gateway.spend if self.gateway else None))
+                                   self.usage.tokens, stage, self.gateway.spend if self.gateway else None,
+                                   self.usage.heldout_rollouts))

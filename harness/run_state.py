@@ -64,3 +64,4 @@ class Progress:
     tokens: int
     stage: str
     spend: Any = None  # the gateway's RunSpend (policy vs proposer), when the run goes through one
+    heldout_rollouts: int = 0  # re-scoring after optimization: outside the budget
