@@ -145,6 +145,9 @@ def test_one_run_directory_is_a_report_of_its_trace(tmp_path: Path, capsys: pyte
     assert "K=None" not in markdown and f"# Run {run_dir.name}: gepa on banking77" in markdown
     assert "the run's pick lifts heldout 0.250 -> 0.500 (+0.250, 20 rows); 2 proposals judged, 1 accepted" in markdown
     assert "seed noise floor unknown" in markdown
+    snapshot = {p.name: p.read_bytes() for p in Path(paths.report_dir).iterdir()}
+    assert write_report(str(run_dir), out=str(tmp_path / "out")) == paths  # regenerated: the same bytes
+    assert {p.name: p.read_bytes() for p in Path(paths.report_dir).iterdir()} == snapshot
     # the CLI on the run's directory
     assert report_main([str(run_dir), "--out", str(tmp_path / "cli")]) == 0
     out = capsys.readouterr().out
@@ -295,6 +298,19 @@ def test_a_lift_inside_the_noise_is_not_a_gain(tmp_path: Path) -> None:
     frames = compute_report(str(root / "local"), ReportOptions())
     text = frames.conclusions.filter(pl.col("subject") == "lift")["text"].item()
     assert text.startswith("banking77: no stack beats the seed's noise floor (±0.100 over 2 runs); best gepa: +0.025")
+
+
+def test_one_run_past_the_noise_is_reported_as_one_run(tmp_path: Path) -> None:
+    """The local proposer_scaling case: the seed scores 0.35 and 0.30 on the same rows; the 0.5B
+    proposer's run kept its seed (lift 0, not a gain over a pooled seed line)."""
+    root = tmp_path / "ev"
+    write_run(root, spec(tmp_path, proposer="0.5b"), seed_solved=7, pick_solved=None)
+    write_run(root, spec(tmp_path, proposer="1.5b"), seed_solved=6, pick_solved=8)
+    frames = compute_report(str(root / "local"))
+    assert frames.runs.sort("proposer_model")["pick_lift"].to_list() == [0.0, pytest.approx(0.1)]
+    (text,) = frames.conclusions.filter(pl.col("subject") == "lift")["text"]
+    assert text == ("banking77: gepa (proposer.model=1.5b) lifts heldout by +0.100 in its one run (no CI), past the "
+                    "seed noise ±0.025 (2 runs)")
 
 
 def test_two_scripted_single_runs_with_different_proposers_are_two_cells(tmp_path: Path, data_dir: Path) -> None:

@@ -66,7 +66,7 @@ def coverage_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
             style.title(ax, sentence(frames.conclusions, task, "coverage") if split == "heldout"
                         else f"{task}: train rows solved (of {most:g} rows per run at most)")
             style.legend(ax, "lower right")
-    fig.suptitle("Rows solved by any of the first K candidates")
+    style.suptitle(fig, "Rows solved by any of the first K candidates")
     return fig
 
 
@@ -83,7 +83,7 @@ def best_figure(frames: ReportFrames, colours: dict[str, str], x_name: str, xlab
         ax.set_xlabel(xlabel)
         style.title(ax, sentence(frames.conclusions, task, "best"))
         style.legend(ax)
-    fig.suptitle(f"Best candidate on heldout so far, against its own seed, by {xlabel.split(' (')[0]}")
+    style.suptitle(fig, f"Best candidate on heldout so far, against its own seed, by {xlabel.split(' (')[0]}")
     return fig
 
 
@@ -119,6 +119,12 @@ def _cell(ax: Axes, x: float, row: dict[str, Any], runs: pl.DataFrame, colour: s
     return [mean, *mine, *[v for v in (row["pick_lift_lo"], row["pick_lift_hi"]) if v is not None]]
 
 
+def _ci_note(summary: pl.DataFrame, what: str = "points") -> str:
+    if int(summary["n_runs"].max() or 0) < 2:  # type: ignore[arg-type]
+        return f"{what}: one run per cell, no CI"
+    return f"{what}: mean over seeds, 95% bootstrap CI where n > 1"
+
+
 def proposer_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
     """Pick lift per proposer: one point per cell at its proposer, connected per series."""
     column = proposer_column(frames.axes)
@@ -144,7 +150,7 @@ def proposer_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
         ax.set_xlabel("proposer model (dots: single runs)")
         style.title(ax, sentence(frames.conclusions, task, "lift"))
         style.legend(ax)
-    fig.suptitle("Proposer scaling: each run's pick against its own seed (mean over seeds, 95% bootstrap CI)")
+    style.suptitle(fig, f"Proposer scaling: each run's pick against its own seed ({_ci_note(frames.summary)})")
     return fig
 
 
@@ -168,8 +174,8 @@ def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figu
         style.lift_axis(ax, drawn, PICK_LIFT)
         style.title(ax, sentence(frames.conclusions, task, "lift"))
         style.legend(ax)
-    fig.suptitle("Same container: each run's pick against its own seed (bars: mean over seeds, 95% bootstrap CI; "
-                 "dots: runs)")
+    style.suptitle(fig, f"Same container: each run's pick against its own seed ({_ci_note(frames.summary, 'bars')}; "
+                        "dots: runs)")
     return fig
 
 

@@ -51,12 +51,15 @@ def lift_sentence(task: str, rows: list[dict[str, Any]]) -> str:
                + noise_text(half, runs)
     if half is None:
         return f"{task}: {label} lifts heldout by {lift:+.3f} ({ci}); {noise_text(half, runs)}"
-    if lift > half:
-        lo = best.get("pick_lift_lo")
-        caveat = ", though its CI reaches into the noise" if lo is not None and lo <= half else ""
-        return f"{task}: {label} lifts heldout by {lift:+.3f} ({ci}), beyond the seed noise ±{half:.3f}{caveat}"
-    return (f"{task}: no stack beats the seed's noise floor (±{half:.3f} over {runs} runs); "
-            f"best {label}: {lift:+.3f} ({ci})")
+    if lift <= half:
+        return (f"{task}: no stack beats the seed's noise floor (±{half:.3f} over {runs} runs); "
+                f"best {label}: {lift:+.3f} ({ci})")
+    if best["n_runs"] < 2:
+        return (f"{task}: {label} lifts heldout by {lift:+.3f} in its one run (no CI), past the seed noise "
+                f"±{half:.3f} ({runs} runs)")
+    lo = best.get("pick_lift_lo")
+    caveat = ", though its CI reaches into the noise" if lo is not None and lo <= half else ""
+    return f"{task}: {label} lifts heldout by {lift:+.3f} ({ci}), beyond the seed noise ±{half:.3f}{caveat}"
 
 
 def best_sentence(task: str, rows: list[dict[str, Any]]) -> str:

@@ -103,6 +103,11 @@ def title(ax: Axes, text: str, chars: int = TITLE_CHARS) -> None:
     ax.set_title(textwrap.fill(text, chars), fontsize=9.5, loc="left")
 
 
+def suptitle(fig: Figure, text: str) -> None:
+    """The figure's heading, wrapped to its width (about 11 characters per inch at 12 pt)."""
+    fig.suptitle(textwrap.fill(text, max(40, int(fig.get_figwidth() * 11))))
+
+
 def legend(ax: Axes, loc: str = "best") -> None:
     """Inside the axes for a few entries, to the right of it for more (so lines stay visible)."""
     entries = len(ax.get_legend_handles_labels()[1])

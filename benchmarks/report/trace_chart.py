@@ -60,7 +60,7 @@ def trace_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
            ylabel=style.SCORE)
     style.title(ax, sentence(frames.conclusions, run["task"], "trace"), chars=95)
     style.legend(ax)
-    fig.suptitle(f"Optimization trace of run {run['run_id']} ({run['label']}, seed {run['seed']})")
+    style.suptitle(fig, f"Optimization trace of run {run['run_id']} ({run['label']}, seed {run['seed']})")
     return fig
 
 
