@@ -115,7 +115,7 @@ def _cell(ax: Axes, x: float, row: dict[str, Any], runs: pl.DataFrame, colour: s
         ax.annotate(note, (x, edge), xytext=(0, 4 if mean >= 0 else -4), textcoords="offset points", fontsize=8,
                     ha="center", va="bottom" if mean >= 0 else "top")
     else:  # right of the run dots
-        ax.annotate(note, (x + 0.16, mean), xytext=(3, 0), textcoords="offset points", fontsize=8, va="center")
+        ax.annotate(note, (x + 0.2, mean), xytext=(3, 0), textcoords="offset points", fontsize=8, va="center")
     return [mean, *mine, *[v for v in (row["pick_lift_lo"], row["pick_lift_hi"]) if v is not None]]
 
 
