@@ -109,8 +109,9 @@ def test_golden_summary(sweep_dir: Path) -> None:
         ("toy", "gepa", "ok", 2, 2, 0, "bootstrap95", 2, 0.75, 0.5, 1.0, 0.25, 0.5, 3.5, 3.0, 4.0, 4.0, 2.0, 2.5,
          9.0, 0.075, 3.5, 1, 0.5),
         ("toy", "gepa_ai", "missing", 2, 0, 1, "none", 2, *[None] * 16),
-        ("toy", "seed_only", "partial", 2, 1, 0, "n=1", 2, 0.5, 0.5, 0.5, 0.5, 0.0, 2.0, 2.0, 2.0, 4.0, 0.0, 2.0,
-         0.0, 0.0, 0.0, 1, 0.5),
+        # one run: no interval (lo/hi null), never the value itself dressed as one
+        ("toy", "seed_only", "partial", 2, 1, 0, "n=1, no CI", 2, 0.5, None, None, 0.5, 0.0, 2.0, None, None, 4.0,
+         0.0, 2.0, 0.0, 0.0, 0.0, 1, 0.5),
     ], schema=GOLDEN_COLUMNS, orient="row")
     assert_frame_equal(summary.select(list(GOLDEN_COLUMNS)), expected)
 
@@ -122,8 +123,8 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     assert gepa["k"].item() == 3 and gepa["heldout_coverage_mean"].item() == 4.0
     markdown = Path(paths.summary_md).read_text()
     assert "| toy | gepa_ai | missing (0/2 runs, 1 failed) | missing | missing | missing | missing |" in markdown
-    assert ("| toy | seed_only (1/2 runs) | 0.500 (n=1, 4 rows) | 0.500 (n=1, 4 rows) | 2/4 (n=1) | 0/2 (n=1) "
-            "| 1 (50.0%) |") in markdown
+    assert ("| toy | seed_only (1/2 runs) | 0.500 (n=1, no CI, 4 rows) | 0.500 (n=1, no CI, 4 rows) "
+            "| 2/4 (n=1, no CI) | 0/2 (n=1, no CI) | 1 (50.0%) |") in markdown
     # the runs' own pick (the seed, c0, in these manifests) heads the table; the best on heldout
     # is beside it, labelled as test-set selection
     assert "| pick heldout | best heldout (test-set selection) |" in markdown
@@ -150,7 +151,7 @@ def test_error_rows_are_left_out_of_scores_and_counted(tmp_path: Path) -> None:
     # seed 0.5 on 2 rows (not 0.25 on 4); c1 has no score at all and is never the best
     assert (run["seed_heldout"], run["seed_heldout_n"]) == (0.5, 2.0)
     assert (run["best_heldout"], run["best_candidate_id"], run["best_heldout_n"]) == (0.5, "c0", 2.0)
-    assert "| toy | gepa | 0.500 (n=1, 2 rows) |" in render_markdown(frames)
+    assert "| toy | gepa | 0.500 (n=1, no CI, 2 rows) |" in render_markdown(frames)
 
 
 def test_thresholds_recorded_by_the_sweep_apply_unless_overridden(sweep_dir: Path, tmp_path: Path) -> None:
@@ -234,7 +235,7 @@ def test_bootstrap_ci_is_deterministic_and_flags_single_runs() -> None:
     first = ci(0)
     assert_frame_equal(first, ci(0))
     single, five = first.row(0, named=True), first.row(1, named=True)
-    assert (single["n_runs"], single["v_mean"], single["v_lo"], single["v_hi"]) == (1, 0.3, 0.3, 0.3)
+    assert (single["n_runs"], single["v_mean"], single["v_lo"], single["v_hi"]) == (1, 0.3, None, None)
     assert 0.1 < five["v_lo"] < five["v_mean"] < five["v_hi"] < 0.9
     assert five["v_mean"] == pytest.approx(0.5)
     # the plan depends on the RNG seed (so the report states it), not on other cells' sizes
@@ -269,7 +270,10 @@ def test_regenerating_twice_is_byte_identical(sweep_dir: Path) -> None:
     first = write_report(str(sweep_dir))
     snapshot = {p.name: p.read_bytes() for p in Path(first.report_dir).iterdir()}
     second = write_report(str(sweep_dir))
-    assert second == first and len(first.charts) == 10
+    # one proposer in the golden sweep: no proposer-scaling chart
+    assert second == first and sorted(Path(p).name for p in first.charts) == sorted(
+        f"{name}.{ext}" for name in ("coverage", "best_vs_rollouts", "best_vs_cost_usd", "same_container")
+        for ext in ("png", "svg"))
     assert {p.name: p.read_bytes() for p in Path(second.report_dir).iterdir()} == snapshot
 
 

@@ -1,5 +1,6 @@
-"""Sweep reports regenerated from Parquet evidence alone: ``write_report(sweep_dir)`` or
-``python -m benchmarks.report <evidence_root>/<sweep>``. Definitions: benchmarks.report.metrics."""
+"""Reports regenerated from Parquet evidence alone: ``write_report(path)`` or ``python -m
+benchmarks.report PATH`` for a sweep, a folder of single runs or one run. Definitions:
+benchmarks.report.metrics (cells, noise floor), trace (a run's trace), conclusions (titles)."""
 
 from benchmarks.report.io import ReportError, SchemaVersionError
 from benchmarks.report.pipeline import ReportFrames, ReportOptions, ReportPaths, compute_report, write_report

@@ -1,5 +1,6 @@
-"""CLI: ``python -m benchmarks.report <evidence_root>/<sweep> [--k K] [--threshold T]
-[--threshold TASK=T ...] [--out DIR]`` regenerates the sweep's report from evidence alone."""
+"""CLI: ``python -m benchmarks.report PATH [--k K] [--threshold T] [--threshold TASK=T ...]
+[--out DIR]`` regenerates a report from evidence alone; PATH is a sweep, a folder of single runs
+(evidence/local) or one run's directory."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ def parse_thresholds(values: list[str]) -> tuple[float, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="<evidence_root>/<sweep>: run directories, sweep.json, index.parquet")
+    parser.add_argument("sweep_dir", metavar="PATH",
+                        help="<evidence_root>/<sweep> (a sweep, or evidence/local: single runs), or one run's "
+                             "directory <evidence_root>/<sweep>/<run_id>")
     parser.add_argument("--k", type=int, default=None, help="coverage through the first K candidates (default: all)")
     parser.add_argument("--threshold", action="append", default=[], metavar="[TASK=]REWARD",
                         help="a row counts as solved when reward >= this (default 1.0; a task's container "
                              "config may record its own, which TASK=REWARD overrides); repeatable per task")
-    parser.add_argument("--out", default=None, help="output directory (default: <sweep_dir>/report)")
+    parser.add_argument("--out", default=None, help="output directory (default: PATH/report)")
     parser.add_argument("--no-charts", action="store_true", help="write tables only")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the seed CI")
     parser.add_argument("--ci-seed", type=int, default=0, help="RNG seed of the bootstrap")

@@ -1,209 +1,199 @@
-"""Charts from computed frames only (summary, per-run metrics, curve points): plotting never
-touches evidence. Every chart is written as PNG and SVG with metadata that would change between
-runs (dates, software string, random SVG ids) pinned, so regenerated files are stable."""
+"""Charts from computed frames only (ReportFrames): plotting never touches evidence.
+
+Every chart of a report takes its colours from one palette (style.palette over the report's
+cell labels), draws each run against its own seed (lift = score - that run's seed), shows the
+seed noise floor, and titles each panel with the sentence conclusions.py computed. A single
+run gets its optimization trace (trace_chart.py) instead of sweep-shaped charts;
+``build_charts`` returns the figures (tests inspect them), ``render_charts`` saves them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import polars as pl
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib as mpl  # noqa: E402
-import polars as pl  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from benchmarks.report import style
+from benchmarks.report.conclusions import SWEEP_CHARTS, proposer_column, sentence, task_noise
+from benchmarks.report.trace_chart import trace_figure
 
-SCORE = "best heldout score (mean reward, 0-1)"
-STABLE_RC = {"svg.hashsalt": "gepa-harness-report", "svg.fonttype": "path", "path.simplify": True}
+if TYPE_CHECKING:
+    from benchmarks.report.pipeline import ReportFrames
 
-
-def _colors(labels: Sequence[str]) -> dict[str, Any]:
-    cycle = mpl.colormaps["tab10"]
-    return {label: cycle(i % 10) for i, label in enumerate(sorted(set(labels)))}
+PICK_LIFT = "pick heldout - this run's seed heldout (lift)"
+BEST_LIFT = "best heldout so far - this run's seed heldout\n(picked on heldout: test-set selection)"
 
 
-def _figure(n_panels: int, ncols: int = 1, width: float = 6.4) -> tuple[Figure, list[Axes]]:
-    n_panels = max(n_panels, 1)
-    nrows = (n_panels + ncols - 1) // ncols
-    fig = Figure(figsize=(width * ncols, 4.2 * nrows), layout="constrained")
-    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
-    for extra in axes[n_panels:]:
-        extra.set_visible(False)
-    return fig, axes
+def _rows(summary: pl.DataFrame, task: str) -> list[dict[str, Any]]:
+    return summary.filter(pl.col("task") == task).sort("label").to_dicts()
 
 
-def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    with mpl.rc_context(STABLE_RC):
-        fig.savefig(png, dpi=110, metadata={"Software": None})
-        fig.savefig(svg, metadata={"Date": None, "Creator": None})
-    return [png, svg]
+def _band(ax: Axes, summary: pl.DataFrame, task: str) -> None:
+    style.noise_band(ax, *task_noise([r for r in _rows(summary, task) if r["n_runs"] > 0]))
 
 
-def _no_data(ax: Axes, title: str) -> None:
-    ax.set_title(title)
-    ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-
-
-def _seed_line(ax: Axes, level: float | None, text: str = "seed") -> None:
-    if level is not None:
-        ax.axhline(level, color="0.35", linestyle="--", linewidth=1.2, label=text, zorder=1)
-
-
-def _legend(ax: Axes, loc: str = "lower right") -> None:
-    """Inside the axes for a few entries, to the right of it for more (so lines stay visible)."""
-    entries = len(ax.get_legend_handles_labels()[1])
-    if entries > 4:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    else:
-        ax.legend(fontsize=8, loc=loc)
-
-
-def _task_mean(summary: pl.DataFrame, task: str, column: str) -> float | None:
-    values = summary.filter(pl.col("task") == task)[column].drop_nulls()
-    return float(values.mean()) if len(values) else None  # type: ignore[arg-type]
-
-
-def _run_lines(ax: Axes, curves: pl.DataFrame, colors: dict[str, Any]) -> None:
-    """One step line per run, coloured by cell; each cell is named once in the legend."""
+def _run_lines(ax: Axes, data: pl.DataFrame, colours: dict[str, str]) -> None:
+    """One step line per run, coloured by its cell; each cell named once in the legend."""
     seen: set[str] = set()
-    for (run, label), points in curves.group_by("run", "label", maintain_order=True):
-        ax.step(points["x"].to_list(), points["y"].to_list(), where="post", color=colors[str(label)],
-                alpha=0.85, linewidth=1.6, marker="o", markersize=3,
-                label=None if label in seen else str(label))
+    for (_, label), points in data.group_by("run", "label", maintain_order=True):
+        ax.step(points["x"].to_list(), points["y"].to_list(), where="post", color=colours[str(label)],
+                alpha=0.85, linewidth=1.6, marker="o", markersize=3.5, label=None if label in seen else str(label))
         seen.add(str(label))
 
 
-def _curves_for(curves: pl.DataFrame, runs: pl.DataFrame, metric: str, x_name: str) -> pl.DataFrame:
-    return (curves.filter((pl.col("metric") == metric) & (pl.col("x_name") == x_name))
-            .join(runs.select(run="run_id", label="label"), on="run")
-            .sort("label", "run", "x", "y"))
+def _curves(frames: ReportFrames, task: str, metric: str, x_name: str) -> pl.DataFrame:
+    return (frames.curve_points.filter((pl.col("task") == task) & (pl.col("metric") == metric)
+                                       & (pl.col("x_name") == x_name))
+            .join(frames.runs.select(run="run_id", label="label"), on="run").sort("label", "run", "x", "y"))
 
 
-def coverage_chart(summary: pl.DataFrame, runs: pl.DataFrame, curves: pl.DataFrame, out_dir: Path) -> list[Path]:
-    tasks = sorted(set(summary["task"]))
-    colors = _colors(summary["label"].to_list())
-    fig, axes = _figure(2 * len(tasks), ncols=2)
+def coverage_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
+    tasks = sorted(set(frames.summary["task"]))
+    fig, axes = style.figure(2 * len(tasks), ncols=2)
     for i, task in enumerate(tasks):
         for j, split in enumerate(("heldout", "train")):
             ax = axes[2 * i + j]
-            data = _curves_for(curves.filter(pl.col("task") == task), runs, f"{split}_coverage", "K")
-            sizes = summary.filter(pl.col("task") == task)[f"{split}_rows_mean"].drop_nulls()
-            title = f"{task}: {split} coverage"
-            if len(sizes):
-                lo, hi = sizes.min(), sizes.max()
-                title += f" (of {hi:g} rows)" if lo == hi else f" (of {lo:g}-{hi:g} rows per run)"
-            if data.is_empty():
-                _no_data(ax, title)
+            data = _curves(frames, task, f"{split}_coverage", "K")
+            rows = frames.summary.filter(pl.col("task") == task)[f"{split}_rows_mean"].drop_nulls()
+            most = float(rows.max()) if len(rows) else float(data["y"].max() or 1)  # type: ignore[arg-type]
+            _run_lines(ax, data, colours)
+            style.count_axis(ax, "x", 1, float(data["x"].max() or 1))  # type: ignore[arg-type]
+            style.count_axis(ax, "y", 0, most)
+            ax.set(xlabel="K: first K heldout-scored candidates, in creation order (count; K=1 is the seed)",
+                   ylabel=f"{split} rows solved by any of them (count)")
+            style.title(ax, sentence(frames.conclusions, task, "coverage") if split == "heldout"
+                        else f"{task}: train rows solved (of {most:g} rows per run at most)")
+            style.legend(ax, "lower right")
+    style.suptitle(fig, "Rows solved by any of the first K candidates")
+    return fig
+
+
+def best_figure(frames: ReportFrames, colours: dict[str, str], x_name: str, xlabel: str) -> Figure:
+    tasks = sorted(set(frames.summary["task"]))
+    fig, axes = style.figure(len(tasks), ncols=min(len(tasks), 2) or 1)
+    for ax, task in zip(axes, tasks):
+        data = _curves(frames, task, "best_heldout_lift", x_name)
+        _band(ax, frames.summary, task)
+        _run_lines(ax, data, colours)
+        style.lift_axis(ax, data["y"].to_list(), BEST_LIFT)
+        if x_name == "rollouts":
+            style.count_axis(ax, "x", 0, float(data["x"].max() or 0))  # type: ignore[arg-type]
+        ax.set_xlabel(xlabel)
+        style.title(ax, sentence(frames.conclusions, task, "best"))
+        style.legend(ax)
+    style.suptitle(fig, f"Best candidate on heldout so far, against its own seed, by {xlabel.split(' (')[0]}")
+    return fig
+
+
+def _cell_errors(row: dict[str, Any]) -> list[list[float]] | None:
+    mean, lo, hi = row["pick_lift_mean"], row["pick_lift_lo"], row["pick_lift_hi"]
+    if lo is None or hi is None:
+        return None
+    return [[max(mean - lo, 0.0)], [max(hi - mean, 0.0)]]
+
+
+def _cell(ax: Axes, x: float, row: dict[str, Any], runs: pl.DataFrame, colour: str, bar: bool) -> list[float]:
+    """A cell's mean pick lift (bar or point) with its CI, and each run as a dot; returns the
+    values drawn (for the axis range)."""
+    mean = row["pick_lift_mean"]
+    mine = (runs.filter((pl.col("task") == row["task"]) & (pl.col("label") == row["label"]))
+            .sort("seed", "run_id")["pick_lift"].drop_nulls().to_list())
+    errors = _cell_errors(row)
+    if bar:
+        ax.bar([x], [mean], width=0.6, color=colour, alpha=0.85, zorder=2, label=row["label"],
+               yerr=errors, capsize=5)
+    else:
+        ax.errorbar([x], [mean], yerr=errors, color=colour, marker="o", markersize=7, capsize=4, linewidth=1.6,
+                    zorder=3, label=row["label"])
+    ax.scatter([x + d for d in style.spread(len(mine))], mine, s=14, color="black", alpha=0.6, zorder=4,
+               linewidths=0)
+    note = f"{mean:+.3f}" + ("" if row["n_runs"] > 1 else " (n=1)")
+    if bar:  # above a gain, below a loss, clear of the interval
+        edge = (row["pick_lift_hi"] if mean >= 0 else row["pick_lift_lo"]) if errors else mean
+        ax.annotate(note, (x, edge), xytext=(0, 4 if mean >= 0 else -4), textcoords="offset points", fontsize=8,
+                    ha="center", va="bottom" if mean >= 0 else "top")
+    else:  # right of the run dots
+        ax.annotate(note, (x + 0.2, mean), xytext=(3, 0), textcoords="offset points", fontsize=8, va="center")
+    return [mean, *mine, *[v for v in (row["pick_lift_lo"], row["pick_lift_hi"]) if v is not None]]
+
+
+def _ci_note(summary: pl.DataFrame, what: str = "points") -> str:
+    if int(summary["n_runs"].max() or 0) < 2:  # type: ignore[arg-type]
+        return f"{what}: one run per cell, no CI"
+    return f"{what}: mean over seeds, 95% bootstrap CI where n > 1"
+
+
+def proposer_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
+    """Pick lift per proposer: one point per cell at its proposer, connected per series."""
+    column = proposer_column(frames.axes)
+    tasks = sorted(set(frames.summary["task"]))
+    fig, axes = style.figure(len(tasks), ncols=min(len(tasks), 2) or 1)
+    for ax, task in zip(axes, tasks):
+        rows = [r for r in _rows(frames.summary, task) if r["n_runs"] > 0 and r["pick_lift_mean"] is not None]
+        xs = sorted({str(r[column]) for r in rows})
+        _band(ax, frames.summary, task)
+        drawn: list[float] = []
+        series: dict[str, list[tuple[int, float]]] = {}
+        for row in rows:
+            x = xs.index(str(row[column]))
+            drawn += _cell(ax, x, row, frames.runs, colours[row["label"]], bar=False)
+            key = "|".join([row["stack"], *[str(row[a]) for a in frames.axes if a not in ("proposer", "config")]])
+            series.setdefault(key, []).append((x, row["pick_lift_mean"]))
+        for points in series.values():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], color="0.6", linewidth=1.0, zorder=2)
+        ax.set_xticks(range(len(xs)), xs, rotation=15 if len(xs) > 2 else 0)
+        ax.set_xlim(-0.6, len(xs) - 0.4)
+        style.lift_axis(ax, drawn, PICK_LIFT)
+        ax.set_xlabel("proposer model (dots: single runs)")
+        style.title(ax, sentence(frames.conclusions, task, "lift"))
+        style.legend(ax)
+    style.suptitle(fig, f"Proposer scaling: each run's pick against its own seed ({_ci_note(frames.summary)})")
+    return fig
+
+
+def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
+    """Pick lift per cell on the same container, runs as dots, the seed noise band around 0."""
+    tasks = sorted(set(frames.summary["task"]))
+    most = max([frames.summary.filter(pl.col("task") == t).height for t in tasks] or [1])
+    fig, axes = style.figure(len(tasks), ncols=min(len(tasks), 2) or 1, width=max(6.4, 1.1 * most))
+    for ax, task in zip(axes, tasks):
+        rows = _rows(frames.summary, task)
+        _band(ax, frames.summary, task)
+        drawn: list[float] = []
+        for x, row in enumerate(rows):
+            if row["n_runs"] == 0 or row["pick_lift_mean"] is None:
+                ax.annotate("missing", (x, 0.0), ha="center", va="bottom", fontsize=8, color=style.SEED_GREY)
                 continue
-            _run_lines(ax, data, colors)
-            _seed_line(ax, _task_mean(summary, task, f"seed_{split}_coverage_mean"), "seed candidate alone")
-            ax.set(title=title, xlabel="K: first K heldout-scored candidates (count)",
-                   ylabel="rows solved by any of them (count)")
-            ax.set_xlim(0.5, float(data["x"].max()) + 0.5)  # type: ignore[arg-type]
-            ax.xaxis.get_major_locator().set_params(integer=True)
-            ax.yaxis.get_major_locator().set_params(integer=True)
-            _legend(ax)
-    if not tasks:
-        _no_data(axes[0], "coverage")
-    fig.suptitle("Cumulative coverage against candidate index K")
-    return _save(fig, out_dir, "coverage")
+            drawn += _cell(ax, x, row, frames.runs, colours[row["label"]], bar=True)
+        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20 if most > 2 else 0,
+                      ha="right" if most > 2 else "center", fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        style.lift_axis(ax, drawn, PICK_LIFT)
+        style.title(ax, sentence(frames.conclusions, task, "lift"))
+        style.legend(ax)
+    style.suptitle(fig, f"Same container: each run's pick against its own seed ({_ci_note(frames.summary, 'bars')}; "
+                        "dots: runs)")
+    return fig
 
 
-def best_chart(summary: pl.DataFrame, runs: pl.DataFrame, curves: pl.DataFrame, out_dir: Path,
-               x_name: str, xlabel: str) -> list[Path]:
-    tasks = sorted(set(summary["task"]))
-    colors = _colors(summary["label"].to_list())
-    fig, axes = _figure(len(tasks), ncols=min(len(tasks), 2) or 1)
-    for ax, task in zip(axes, tasks):
-        data = _curves_for(curves.filter(pl.col("task") == task), runs, "best_heldout", x_name)
-        if data.is_empty():
-            _no_data(ax, task)
-            continue
-        _run_lines(ax, data, colors)
-        _seed_line(ax, _task_mean(summary, task, "seed_heldout_mean"))
-        ax.set(title=f"{task}: best heldout so far", xlabel=xlabel, ylabel=SCORE)
-        _legend(ax)
-    if not tasks:
-        _no_data(axes[0], "best heldout")
-    fig.suptitle(f"Best heldout score against {xlabel.split(' (')[0]}")
-    return _save(fig, out_dir, f"best_vs_{x_name}")
+def build_charts(frames: ReportFrames) -> dict[str, Figure]:
+    """The figures the chart plan draws, all coloured from one palette."""
+    colours = style.palette(frames.summary["label"].drop_nulls().to_list())
+    builders = {
+        "trace": lambda: trace_figure(frames, colours),
+        "coverage": lambda: coverage_figure(frames, colours),
+        "best_vs_rollouts": lambda: best_figure(frames, colours, "rollouts", "rollouts at creation (count)"),
+        "best_vs_cost_usd": lambda: best_figure(frames, colours, "cost_usd", "cumulative cost at creation (USD)"),
+        "proposer_scaling": lambda: proposer_figure(frames, colours),
+        "same_container": lambda: same_container_figure(frames, colours),
+    }
+    return {name: builders[name]() for name in frames.charts.drawn}
 
 
-def _errors(frame: pl.DataFrame, metric: str) -> list[list[float]]:
-    mean, lo, hi = (frame[f"{metric}_{s}"].fill_null(float("nan")).to_list() for s in ("mean", "lo", "hi"))
-    return [[max(m - low, 0.0) for m, low in zip(mean, lo)], [max(high - m, 0.0) for m, high in zip(mean, hi)]]
-
-
-def proposer_scaling_chart(summary: pl.DataFrame, axes_names: Sequence[str], out_dir: Path) -> list[Path]:
-    """Best heldout per proposer model, per task: the proposer axis if the sweep has one,
-    else each run's proposer model name."""
-    x_column = "proposer" if "proposer" in axes_names else "proposer_model"
-    other = [a for a in axes_names if a != "proposer"]
-    frame = summary.with_columns(pl.col(x_column).fill_null("?").alias("_x"), series=pl.concat_str(
-        [pl.col("stack"), *[pl.concat_str([pl.lit(f" {a}="), pl.col(a)]) for a in other]]))
-    tasks = sorted(set(frame["task"]))
-    colors = _colors(frame["series"].to_list())
-    fig, axes = _figure(len(tasks), ncols=min(len(tasks), 2) or 1)
-    for ax, task in zip(axes, tasks):
-        data = frame.filter(pl.col("task") == task)
-        xs = sorted(set(data["_x"]))
-        for (series,), part in data.group_by("series", maintain_order=True):
-            part = part.filter(pl.col("best_heldout_mean").is_not_null()).sort("_x")
-            ax.errorbar([xs.index(x) for x in part["_x"]], part["best_heldout_mean"].to_list(),
-                        yerr=_errors(part, "best_heldout"), color=colors[str(series)], marker="o", capsize=4,
-                        linewidth=1.6, label=str(series))
-        _seed_line(ax, _task_mean(summary, task, "seed_heldout_mean"))
-        ax.set_xticks(range(len(xs)), xs, rotation=15)
-        ax.set(title=f"{task}: optimization reward per proposer", xlabel="proposer model", ylabel=SCORE)
-        _legend(ax, "best")
-    if not tasks:
-        _no_data(axes[0], "proposer scaling")
-    fig.suptitle("Proposer scaling (mean over seeds, 95% bootstrap CI)")
-    return _save(fig, out_dir, "proposer_scaling")
-
-
-def same_container_chart(summary: pl.DataFrame, out_dir: Path) -> list[Path]:
-    """Each cell's best heldout on the same container, the seed as a dashed line, the lift over
-    the seed above each bar and the gap between the two best cells in the title."""
-    tasks = sorted(set(summary["task"]))
-    colors = _colors(summary["label"].to_list())
-    most = max([summary.filter(pl.col("task") == t).height for t in tasks] or [1])
-    fig, axes = _figure(len(tasks), ncols=min(len(tasks), 2) or 1, width=max(6.4, 0.75 * most))
-    small = 8 if most > 5 else 9
-    for ax, task in zip(axes, tasks):
-        data = summary.filter(pl.col("task") == task).sort("label")
-        labels = data["label"].to_list()
-        heights = data["best_heldout_mean"].fill_null(0.0).to_list()
-        ax.bar(range(len(labels)), heights, yerr=_errors(data, "best_heldout"), capsize=5,
-               color=[colors[label] for label in labels], zorder=2)
-        tops = data["best_heldout_hi"].fill_null(0.0).to_list()
-        for x, (top, lift, status) in enumerate(zip(tops, data["lift_mean"], data["status"])):
-            text = "missing" if status == "missing" else (f"Δ {lift:+.3f}" if lift is not None else "Δ n/a")
-            ax.annotate(text, (x, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=small)
-        _seed_line(ax, _task_mean(summary, task, "seed_heldout_mean"))
-        ranked = sorted(data["best_heldout_mean"].drop_nulls().to_list(), reverse=True)
-        gap = f" (best - runner-up: Δ {ranked[0] - ranked[1]:+.3f})" if len(ranked) > 1 else ""
-        ax.set_xticks(range(len(labels)), labels, rotation=30 if most > 3 else 0, ha="right" if most > 3 else "center",
-                      fontsize=small)
-        ax.set(title=f"{task}{gap}", xlabel="stack", ylabel=SCORE, ylim=(0, max([1.0, *heights]) * 1.1))
-        _legend(ax, "upper right")
-    if not tasks:
-        _no_data(axes[0], "same container")
-    fig.suptitle("Same container: best heldout per stack (Δ = lift over the seed)")
-    return _save(fig, out_dir, "same_container")
-
-
-def render_charts(summary: pl.DataFrame, runs: pl.DataFrame, curves: pl.DataFrame, axes: Sequence[str],
-                  out_dir: Path) -> list[Path]:
-    return [
-        *coverage_chart(summary, runs, curves, out_dir),
-        *best_chart(summary, runs, curves, out_dir, "rollouts", "rollouts at creation (count)"),
-        *best_chart(summary, runs, curves, out_dir, "cost_usd", "cumulative cost at creation (USD)"),
-        *proposer_scaling_chart(summary, axes, out_dir),
-        *same_container_chart(summary, out_dir),
-    ]
+def render_charts(frames: ReportFrames, out_dir: Path) -> list[Path]:
+    figures = build_charts(frames)
+    style.remove_stale(out_dir, [n for n in ("trace", *SWEEP_CHARTS) if n not in figures])
+    return [path for name, fig in figures.items() for path in style.save(fig, out_dir, name)]

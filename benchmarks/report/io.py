@@ -9,6 +9,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,18 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.evidence.schema import CANDIDATES, ROLLOUTS, SCHEMA_METADATA_KEY, SCHEMA_VERSION
+from benchmarks.report import configs
+from harness.evidence.schema import CANDIDATES, PROPOSALS, ROLLOUTS, SCHEMA_METADATA_KEY, SCHEMA_VERSION
 from harness.evidence.writer import MANIFEST
 
 SWEEP_JSON = "sweep.json"
 # grid axes with a fixed role in the report; every other axis splits cells
 ROLE_AXES = ("container", "algorithm", "seed")
-ROLLOUT_COLUMNS = ("run_id", "candidate_id", "task_id", "stage", "reward", "status")
-CANDIDATE_COLUMNS = ("run_id", "candidate_id", "index", "rollouts_at_creation", "cost_usd_at_creation",
+ROLLOUT_COLUMNS = ("run_id", "seq", "candidate_id", "task_id", "stage", "reward", "status")
+CANDIDATE_COLUMNS = ("run_id", "candidate_id", "index", "origin", "rollouts_at_creation", "cost_usd_at_creation",
                      "elapsed_s_at_creation")
+PROPOSAL_COLUMNS = ("run_id", "child_id", "parent_id", "accepted", "parent_minibatch_score",
+                    "child_minibatch_score")
 RUNS_SCHEMA: dict[str, Any] = {
     "run_id": pl.String, "task": pl.String, "stack": pl.String, "seed": pl.Int64, "status": pl.String,
     "seed_candidate_id": pl.String, "pick_candidate_id": pl.String, "policy_model": pl.String,
@@ -115,24 +119,70 @@ def recorded_thresholds(sweep_dir: str | Path) -> dict[str, float]:
         raise ReportError(f"{sweep_file}: solved_thresholds: {_first_line(exc)}") from exc
 
 
-def expected_grid(sweep_dir: Path) -> list[dict[str, str]]:
-    """The runs the sweep meant to produce. Without sweep.json (a single run's directory)
-    every run directory with a manifest is expected, with the axes it recorded."""
-    sweep_file = sweep_dir / SWEEP_JSON
+@dataclass(frozen=True)
+class Target:
+    """What a report covers: the runs of ``root`` (a sweep, or a folder of single runs such as
+    ``evidence/local``), or only ``run_ids`` when the path given was one run's directory."""
+    root: Path
+    run_ids: tuple[str, ...] | None = None
+
+
+def locate(path: str | Path) -> Target:
+    given = Path(path)
+    if not given.is_dir():
+        raise ReportError(f"{given}: no such directory")
+    if (given / MANIFEST).is_file():  # one run's directory: a report of that run
+        return Target(given.parent, (given.name,))
+    if any((given / f"{table}.parquet").is_file() for table in ("rollouts", "candidates", "events")):
+        raise ReportError(f"{given}: an unfinished run (no {MANIFEST} yet): nothing to report")
+    return Target(given)
+
+
+def _no_runs(root: Path) -> ReportError:
+    """What to pass instead: a folder of sweeps names them."""
+    inner = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                   and ((p / SWEEP_JSON).is_file() or any(q.is_dir() and (q / MANIFEST).is_file()
+                                                          for q in p.iterdir())))
+    hint = f"; it holds {', '.join(inner)}: pass one of them" if inner else ""
+    return ReportError(f"{root}: holds no run (expected a run directory with {MANIFEST}, a sweep with "
+                       f"{SWEEP_JSON}, or a folder of run directories such as evidence/local){hint}")
+
+
+def _manifest_points(root: Path, only: tuple[str, ...] | None) -> list[dict[str, str]]:
+    """Without sweep.json every run directory with a manifest is expected, with the axes it
+    recorded; runs whose resolved configurations differ (apart from the seed) are told apart
+    by a ``config`` axis naming what differs (configs.py), so they never pool into one cell."""
+    dirs = sorted(p for p in root.iterdir() if (p / MANIFEST).is_file() and (only is None or p.name in only))
+    points, found = [], {}
+    for run_dir in dirs:
+        manifest = read_manifest(run_dir) or {}
+        found[run_dir.name] = configs.run_config(manifest)
+        points.append({"run_id": run_dir.name, **{k: str(v) for k, v in (manifest.get("axes") or {}).items()}})
+    labels = configs.config_labels(found) if only is None else None
+    if labels:
+        points = [{**p, configs.CONFIG_AXIS: labels[p["run_id"]]} for p in points]
+    return points
+
+
+def expected_grid(target: Target) -> list[dict[str, str]]:
+    """The runs the sweep meant to produce (sweep.json's grid), else the run directories found."""
+    sweep_file = target.root / SWEEP_JSON
     if sweep_file.is_file():
         grid = _read_json(sweep_file).get("grid") or []
         if not isinstance(grid, list) or not all(isinstance(p, dict) for p in grid):
             raise ReportError(f"{sweep_file}: 'grid' is not a list of objects")
         points = [{k: str(v) for k, v in point.items() if v is not None} for point in grid]
+        if target.run_ids is not None:
+            points = ([p for p in points if p.get("run_id") in target.run_ids]
+                      or _manifest_points(target.root, target.run_ids))
     else:
-        points = []
-        for run_dir in sorted(p for p in sweep_dir.iterdir() if (p / MANIFEST).is_file()):
-            manifest = read_manifest(run_dir) or {}
-            points.append({"run_id": run_dir.name, **{k: str(v) for k, v in (manifest.get("axes") or {}).items()}})
+        points = _manifest_points(target.root, target.run_ids)
     unique = {p["run_id"]: p for p in points if "run_id" in p}
     strays = [r for r in unique if not r or "/" in r or "\\" in r or r.startswith(".")]
     if strays:  # a run id names a directory inside the sweep, never a path out of it
         raise ReportError(f"{sweep_file}: run id {strays[0]!r} is not a plain directory name")
+    if not unique:
+        raise _no_runs(target.root)
     return [unique[run_id] for run_id in sorted(unique)]
 
 
@@ -140,16 +190,14 @@ def _only(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else "unknown"
 
 
-def load_runs(sweep_dir: str | Path, threshold: float = 1.0,
+def load_runs(target: Target, threshold: float = 1.0,
               task_thresholds: Mapping[str, float] | None = None) -> tuple[pl.DataFrame, list[str]]:
     """One row per expected run (finished or not) and the sweep's extra axes.
 
     Axis values come from the grid, so a missing run still lands in its cell; task and stack
     fall back to the manifest's spec, then to the sweep's only value."""
-    root = Path(sweep_dir)
-    if not root.is_dir():
-        raise ReportError(f"{root}: no such sweep directory")
-    grid = expected_grid(root)
+    root = target.root
+    grid = expected_grid(target)
     axes = sorted({k for point in grid for k in point if k not in ("run_id", *ROLE_AXES)})
     # a run that failed before writing evidence (its container never started) is in the index only
     index = root / "index.parquet"
@@ -197,11 +245,18 @@ def _empty(schema: pa.Schema, columns: tuple[str, ...]) -> pl.LazyFrame:
     return pl.from_arrow(schema.empty_table()).lazy().select(columns)  # type: ignore[union-attr]
 
 
-def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """Lazy scans of the finished runs' rollouts and candidates, after checking every file's
-    schema version (footers only), then its sha256 against the manifest's, then its columns."""
-    root = Path(sweep_dir)
-    tables = (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS), ("candidates", CANDIDATES, CANDIDATE_COLUMNS))
+@dataclass(frozen=True)
+class Tables:
+    rollouts: pl.LazyFrame
+    candidates: pl.LazyFrame
+    proposals: pl.LazyFrame
+
+
+def scan_tables(root: Path, run_ids: list[str]) -> Tables:
+    """Lazy scans of the finished runs' rollouts, candidates and proposals, after checking every
+    file's schema version (footers only), then its sha256 against the manifest's, then its columns."""
+    tables = (("rollouts", ROLLOUTS, ROLLOUT_COLUMNS), ("candidates", CANDIDATES, CANDIDATE_COLUMNS),
+              ("proposals", PROPOSALS, PROPOSAL_COLUMNS))
     for run_id in sorted(run_ids):
         for table, _, _ in tables:
             path = root / run_id / f"{table}.parquet"
@@ -217,7 +272,7 @@ def scan_tables(sweep_dir: str | Path, run_ids: list[str]) -> tuple[pl.LazyFrame
         scans.append(pl.scan_parquet([str(p) for p in paths]).select(columns) if paths else _empty(schema, columns))
     # only an "ok" row has a reward: error and refused rows count as rows, never as zeros
     rollouts = scans[0].with_columns(reward=pl.when(pl.col("status") == "ok").then(pl.col("reward")))
-    return rollouts, scans[1]
+    return Tables(rollouts, scans[1], scans[2])
 
 
 def rounded(frame: pl.DataFrame) -> pl.DataFrame:

@@ -14,15 +14,15 @@ def _num(value: float) -> str:
 
 
 def _with_ci(row: dict[str, Any], metric: str, fmt: Any, rows_metric: str | None = None) -> str:
-    """The cell's mean with its CI (or `n=1`); with `rows_metric`, how many rows with a
+    """The cell's mean with its CI (or `n=1, no CI`); with `rows_metric`, how many rows with a
     reward the score rests on (mean over runs)."""
     mean = row[f"{metric}_mean"]
     if mean is None:
         return "n/a"
     rows = row.get(f"{rows_metric}_mean") if rows_metric else None
     on = "" if rows is None else f"{_num(rows)} rows"
-    if row["ci"] == "n=1":
-        return f"{fmt(mean)} (n=1{', ' + on if on else ''})"
+    if row["n_runs"] == 1:
+        return f"{fmt(mean)} (n=1, no CI{', ' + on if on else ''})"
     return f"{fmt(mean)} [{fmt(row[f'{metric}_lo'])}, {fmt(row[f'{metric}_hi'])}]" + (f" ({on})" if on else "")
 
 
@@ -32,9 +32,30 @@ def _coverage(row: dict[str, Any], split: str) -> str:
     if mean is None or rows is None:
         return "n/a"
     text = f"{_num(mean)}/{_num(rows)}"
-    if row["ci"] == "n=1":
-        return f"{text} (n=1)"
+    if row["n_runs"] == 1:
+        return f"{text} (n=1, no CI)"
     return f"{text} [{_num(row[f'{split}_coverage_lo'])}, {_num(row[f'{split}_coverage_hi'])}]"
+
+
+def _noise(row: dict[str, Any]) -> str:
+    half, runs = row.get("noise_half_range"), row.get("noise_runs") or 0
+    return f"±{half:.3f} ({runs} runs)" if half is not None else f"unknown ({runs} run{'s' if runs != 1 else ''})"
+
+
+def _title(frames: ReportFrames, title: str) -> str:
+    if frames.runs.height == 1:
+        run = frames.runs.row(0, named=True)
+        return f"Run {run['run_id']}: {run['stack']} on {run['task']} (seed {run['seed']})"
+    return title
+
+
+def _charts(frames: ReportFrames) -> str:
+    """The charts drawn, and those skipped grouped by why."""
+    reasons: dict[str, list[str]] = {}
+    for name, why in frames.charts.skipped:
+        reasons.setdefault(why, []).append(f"`{name}`")
+    drawn = ", ".join(f"`{name}.png`" for name in frames.charts.drawn) or "none"
+    return f"Charts: {drawn}" + "".join(f"; skipped ({why}): {', '.join(names)}" for why, names in reasons.items())
 
 
 def _table(header: list[str], body: list[list[str]]) -> list[str]:
@@ -54,7 +75,7 @@ def render_markdown(frames: ReportFrames, title: str = "Optimizer comparison") -
         if row["status"] == "missing":
             failed = f", {row['n_failed']} failed" if row["n_failed"] else ""
             main.append(name + [f"missing (0/{row['n_expected']} runs{failed})"] + ["missing"] * 4)
-            extra.append(name + ["missing"] * 6)
+            extra.append(name + ["missing"] * 7)
             continue
         main.append(name + [
             _with_ci(row, "pick_heldout", "{:.3f}".format, "pick_heldout_n"),
@@ -66,6 +87,7 @@ def render_markdown(frames: ReportFrames, title: str = "Optimizer comparison") -
         extra.append(name + [
             _with_ci(row, "seed_heldout", "{:.3f}".format, "seed_heldout_n"),
             _with_ci(row, "pick_lift", "{:+.3f}".format),
+            _noise(row),
             _with_ci(row, "lift", "{:+.3f}".format),
             _with_ci(row, "found_rollouts", _num),
             _with_ci(row, "found_cost_usd", "${:.4f}".format),
@@ -73,16 +95,23 @@ def render_markdown(frames: ReportFrames, title: str = "Optimizer comparison") -
         ])
     thresholds = ", ".join([f"default {options.threshold:g}"]
                            + [f"{t} {v:g}" for t, v in sorted(options.task_thresholds.items())])
-    lines = [f"# {title}", ""]
+    lines = [f"# {_title(frames, title)}", "", "## What to conclude", ""]
+    lines += [f"- {text}" for text in frames.conclusions["text"]] or ["- no finished run"]
+    lines += ["", _charts(frames), ""]
     lines += _table(keys + ["pick heldout", "best heldout (test-set selection)", f"heldout coverage K={k}", f"train coverage K={k}",
                             "joint Pareto points (share)"], main)
     lines += ["", "## Lift over the seed and where the best was found", ""]
-    lines += _table(keys + ["seed heldout", "pick lift", "best lift (test-set selection)", "found at rollouts", "found at cost", "found at time (s)"], extra)
+    lines += _table(keys + ["seed heldout", "pick lift", "seed noise floor", "best lift (test-set selection)",
+                            "found at rollouts", "found at cost", "found at time (s)"], extra)
     lines += [
         "",
         f"- Each cell: mean over its runs (seeds); brackets are a {options.level:.0%} percentile bootstrap CI over "
-        f"runs ({options.resamples} resamples, RNG seed {options.ci_seed}); `(n=1)` marks a single run, whose CI "
-        "is the value itself.",
+        f"runs ({options.resamples} resamples, RNG seed {options.ci_seed}); `(n=1, no CI)` marks a single run, "
+        "which has no interval. Runs of a folder without sweep.json pool into a cell only when their resolved "
+        "spec is identical apart from the seed; otherwise the cell is named by what differs.",
+        "- Seed noise floor: the same seed prompt on the same heldout rows scores differently from run to run; "
+        "± half the range (max - min) of the seed's heldout mean over the runs of the task with the same policy "
+        "model and rows. A lift inside it is not a gain; with one run of the seed it is unknown.",
         "- Pick heldout: the heldout mean of the candidate the run itself chose (best pareto mean), the headline; "
         "pick lift = pick - the seed's heldout mean.",
         "- Best heldout (test-set selection): the highest heldout mean reward of any candidate re-scored on "

@@ -28,9 +28,15 @@ Definitions (the published table's, made exact):
   elapsed at creation down); a point is on the front unless another point of the same task is
   >= on heldout and <= on cost and time, strictly better on one. Unknown cost/time count as +inf.
   Per cell: number of front points and their share of the task's front (pooled over seeds).
-- cells: task x stack x the sweep's other axes; seeds are replicates. Per cell the mean over
-  runs and a 95% percentile bootstrap CI over runs (fixed resample plan); with one run the CI
-  is the value itself (flagged ``n=1``).
+- cells: task x stack x the sweep's other axes (for a folder of single runs, also ``config``:
+  what differs between their resolved specs, configs.py); seeds are replicates. Per cell the
+  mean over runs and a 95% percentile bootstrap CI over runs (fixed resample plan); a cell with
+  one run has no interval (``lo``/``hi`` null, flagged ``n=1``).
+- seed noise floor: the same seed prompt on the same rows scores differently from run to run
+  (a local model is not bit-reproducible under load). Over the runs of one task with the same
+  policy model and the same heldout rows for the seed: ``noise_runs`` runs, the seed's heldout
+  min/max/sd and ``noise_half_range`` = (max - min) / 2, the band around zero lift that a lift
+  must clear. Unknown (null) with fewer than two runs.
 """
 
 from __future__ import annotations
@@ -58,11 +64,16 @@ def cell_columns(axes: Sequence[str]) -> list[str]:
 
 
 def with_labels(runs: pl.LazyFrame, axes: Sequence[str]) -> pl.LazyFrame:
-    """A readable cell name for legends: ``stack`` or ``stack (axis=value, ...)``."""
+    """A readable cell name for legends: ``stack`` or ``stack (axis=value, ...)``; an axis a run
+    does not have (``-``) is left out, and the ``config`` axis is its value (what differs)."""
     if not axes:
         return runs.with_columns(label=pl.col("stack"))
-    parts = pl.concat_str([pl.concat_str([pl.lit(f"{a}="), pl.col(a)]) for a in axes], separator=", ")
-    return runs.with_columns(label=pl.concat_str([pl.col("stack"), pl.lit(" ("), parts, pl.lit(")")]))
+    named = [pl.when(pl.col(a).is_not_null() & (pl.col(a) != "-"))
+             .then(pl.col(a) if a == "config" else pl.concat_str([pl.lit(f"{a}="), pl.col(a)])) for a in axes]
+    parts = pl.concat_str(named, separator=", ", ignore_nulls=True)
+    return runs.with_columns(label=pl.when(parts.fill_null("") != "")
+                             .then(pl.concat_str([pl.col("stack"), pl.lit(" ("), parts, pl.lit(")")]))
+                             .otherwise(pl.col("stack")))
 
 
 def scored_candidates(rollouts: pl.LazyFrame, candidates: pl.LazyFrame) -> pl.LazyFrame:
@@ -122,6 +133,43 @@ def run_best(scored: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
             .with_columns(lift=pl.col("best_heldout") - pl.col("seed_heldout"),
                           pick_lift=pl.col("pick_heldout") - pl.col("seed_heldout"),
                           found_rollouts=pl.col("found_rollouts").cast(pl.Float64)))
+
+
+def seed_rows(rollouts: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
+    """Per run, which heldout rows the seed was scored on (a key) and how many."""
+    return (rollouts.filter(pl.col("stage") == HELDOUT)
+            .join(runs.select("run_id", candidate_id="seed_candidate_id"), on=["run_id", "candidate_id"])
+            .group_by("run_id").agg(seed_rows_key=pl.col("task_id").unique().sort().str.join(","),
+                                    seed_rows=pl.col("task_id").n_unique().cast(pl.Int64)))
+
+
+NOISE_GROUP = ("task", "policy_model", "seed_rows_key")
+
+
+def noise_floor(per_run: pl.LazyFrame, rows: pl.LazyFrame) -> pl.LazyFrame:
+    """The seed's run-to-run spread per (task, policy model, seed heldout rows), one row per
+    run with its group's figures; null where fewer than two runs share the group."""
+    keyed = per_run.select("run_id", "task", "policy_model", "seed_heldout").join(rows, on="run_id", how="left")
+    known = keyed.filter(pl.col("seed_heldout").is_not_null())
+    two = pl.col("noise_runs") >= 2
+    stats = (known.group_by(NOISE_GROUP).agg(
+        noise_runs=pl.len().cast(pl.Int64), noise_min=pl.col("seed_heldout").min(),
+        noise_max=pl.col("seed_heldout").max(), noise_sd=pl.col("seed_heldout").std())
+        .with_columns(noise_half_range=pl.when(two).then((pl.col("noise_max") - pl.col("noise_min")) / 2),
+                      noise_sd=pl.when(two).then(pl.col("noise_sd"))))
+    return (keyed.join(stats, on=list(NOISE_GROUP), how="left", nulls_equal=True)
+            .select("run_id", "seed_rows_key", "seed_rows", "noise_runs", "noise_min", "noise_max",
+                    "noise_half_range", "noise_sd"))
+
+
+def noise_groups(per_run: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per noise group (task, policy, seed rows), for tables and chart bands."""
+    return (per_run.filter(pl.col("noise_runs").is_not_null())
+            .group_by(NOISE_GROUP)
+            .agg(pl.col("seed_rows", "noise_runs", "noise_min", "noise_max", "noise_half_range", "noise_sd").first(),
+                 run_ids=pl.col("run_id").sort())
+            .drop("seed_rows_key")
+            .sort("task", "policy_model", "seed_rows", pl.col("run_ids").list.first(), nulls_last=True))
 
 
 def pareto_points(scored: pl.LazyFrame, runs: pl.LazyFrame) -> pl.LazyFrame:
@@ -196,13 +244,18 @@ def seed_summary(per_run: pl.LazyFrame, plan: pl.LazyFrame, axes: Sequence[str],
                  .group_by(cell).agg(
                      *[pl.col(m).quantile(tail, interpolation="linear").alias(f"{m}_lo") for m in metrics],
                      *[pl.col(m).quantile(1 - tail, interpolation="linear").alias(f"{m}_hi") for m in metrics]))
-    return means.join(resampled, on=cell, how="left", nulls_equal=True)
+    single = pl.col("n_runs") == 1  # one run: no interval, never the value itself dressed as one
+    bounds = [pl.when(~single).then(pl.col(f"{m}_{s}")).alias(f"{m}_{s}") for m in metrics for s in ("lo", "hi")]
+    return means.join(resampled, on=cell, how="left", nulls_equal=True).with_columns(bounds)
 
 
 def summary(runs: pl.LazyFrame, stats: pl.LazyFrame, shares: pl.LazyFrame, axes: Sequence[str],
-            k_used: pl.LazyFrame, metrics: Sequence[str] = RUN_METRICS, level: float = 0.95) -> pl.LazyFrame:
-    """One row per expected cell; cells without a finished run are kept with status ``missing``."""
+            k_used: pl.LazyFrame, per_run: pl.LazyFrame, metrics: Sequence[str] = RUN_METRICS,
+            level: float = 0.95) -> pl.LazyFrame:
+    """One row per expected cell; cells without a finished run are kept with status ``missing``.
+    The seed noise floor of a cell is the widest of its runs' groups (the same one, normally)."""
     cell = cell_columns(axes)
+    noise = per_run.group_by(cell).agg(pl.col("noise_runs", "noise_half_range", "noise_sd").max())
     cells = runs.group_by(cell).agg(
         pl.col("label").first(), pl.col("threshold").first(),
         n_expected=pl.len().cast(pl.Int64), n_failed=(pl.col("status") == "failed").sum().cast(pl.Int64),
@@ -211,19 +264,20 @@ def summary(runs: pl.LazyFrame, stats: pl.LazyFrame, shares: pl.LazyFrame, axes:
     stat_columns = [f"{m}_{s}" for m in metrics for s in ("mean", "lo", "hi")]
     out = (cells.join(stats, on=cell, how="left", nulls_equal=True)
            .join(shares, on=cell, how="left", nulls_equal=True)
+           .join(noise, on=cell, how="left", nulls_equal=True)
            .join(k_used, how="cross")
            .with_columns(n_runs=pl.col("n_runs").fill_null(0)))
     has_runs = pl.col("n_runs") > 0
     return out.with_columns(
         status=pl.when(~has_runs).then(pl.lit("missing"))
         .when(pl.col("n_runs") < pl.col("n_expected")).then(pl.lit("partial")).otherwise(pl.lit("ok")),
-        ci=pl.when(~has_runs).then(pl.lit("none")).when(pl.col("n_runs") == 1).then(pl.lit("n=1"))
+        ci=pl.when(~has_runs).then(pl.lit("none")).when(pl.col("n_runs") == 1).then(pl.lit("n=1, no CI"))
         .otherwise(pl.lit(f"bootstrap{round(level * 100)}")),
         pareto_points=pl.when(has_runs).then(pl.col("pareto_points").fill_null(0)),
         pareto_share=pl.when(has_runs).then(pl.col("pareto_share").fill_null(0.0)),
     ).select(*cell, "label", "status", "n_expected", "n_runs", "n_failed", "ci", "k", "threshold",
-             *stat_columns, "pareto_points", "pareto_share", "policy_model", "proposer_model",
-             ).sort(cell, nulls_last=True)
+             *stat_columns, "noise_runs", "noise_half_range", "noise_sd", "pareto_points", "pareto_share",
+             "policy_model", "proposer_model").sort(cell, nulls_last=True)
 
 
 def k_used(scored: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
@@ -234,17 +288,21 @@ def k_used(scored: pl.LazyFrame, k: int | None) -> pl.LazyFrame:
 
 
 def curve_points(runs: pl.LazyFrame, scored: pl.LazyFrame, heldout_curve: pl.LazyFrame,
-                 train_curve: pl.LazyFrame) -> pl.LazyFrame:
-    """Long-format points for every chart curve: coverage against K and best-so-far heldout
-    against rollouts, cost and elapsed time at creation."""
+                 train_curve: pl.LazyFrame, best: pl.LazyFrame) -> pl.LazyFrame:
+    """Long-format points for every chart curve: coverage against K, and best-so-far heldout
+    (and its lift over the run's own seed) against rollouts, cost and elapsed time at creation."""
     coverage = [c.select("run_id", metric=pl.concat_str([pl.col("split"), pl.lit("_coverage")]),
                          x_name=pl.lit("K"), x=pl.col("k").cast(pl.Float64), y=pl.col("covered").cast(pl.Float64))
                 for c in (heldout_curve, train_curve)]
-    best = [scored.select(
+    best_points = [scored.select(
         "run_id", metric=pl.lit("best_heldout"), x_name=pl.lit(name), x=pl.col(col).cast(pl.Float64),
         y=pl.col("heldout_mean").cum_max().over("run_id", order_by=[col, "index", "candidate_id"]))
         for name, col in AT_CREATION.items()]
-    return (pl.concat([*coverage, *best])
+    seeds = best.select("run_id", "seed_heldout")
+    lift = [frame.join(seeds, on="run_id").select(
+        "run_id", metric=pl.lit("best_heldout_lift"), x_name="x_name", x="x", y=pl.col("y") - pl.col("seed_heldout"))
+        for frame in best_points]
+    return (pl.concat([*coverage, *best_points, *lift])
             .join(runs.select("run_id", "stack", "task"), on="run_id")
             .select("stack", "task", run="run_id", metric="metric", x_name="x_name", x="x", y="y")
             .sort("stack", "task", "run", "metric", "x_name", "x", "y"))

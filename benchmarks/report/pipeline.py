@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from benchmarks.report import io, metrics
+from benchmarks.report import conclusions, io, metrics, trace
 from benchmarks.report.markdown import render_markdown
 
 ENGINE = "streaming"
@@ -34,6 +34,10 @@ class ReportFrames:
     curve_points: pl.DataFrame
     pareto_points: pl.DataFrame
     options: ReportOptions
+    noise: pl.DataFrame  # the seed's run-to-run spread per (task, policy, seed rows)
+    trace: pl.DataFrame  # a single run's optimization trace (empty for several runs)
+    conclusions: pl.DataFrame  # one sentence per task and subject: chart titles and summary.md
+    charts: conclusions.ChartPlan
 
 
 @dataclass(frozen=True)
@@ -45,46 +49,64 @@ class ReportPaths:
     curve_points: str
     runs: str
     pareto_points: str
+    noise: str
+    trace_points: str | None = None
     charts: tuple[str, ...] = ()
 
 
-def compute_report(sweep_dir: str, options: ReportOptions = ReportOptions()) -> ReportFrames:
+def compute_report(path: str, options: ReportOptions = ReportOptions()) -> ReportFrames:
+    """The report of ``path``: a sweep, a folder of single runs (evidence/local), or one run."""
     if options.k is not None and options.k < 1:
         raise io.ReportError(f"--k must be at least 1, got {options.k}")
-    runs_df, axes = io.load_runs(sweep_dir, options.threshold, options.task_thresholds)
+    target = io.locate(path)
+    runs_df, axes = io.load_runs(target, options.threshold, options.task_thresholds)
     runs = metrics.with_labels(runs_df.lazy(), axes)
-    rollouts, candidates = io.scan_tables(sweep_dir, runs_df.filter("done")["run_id"].to_list())
+    done = runs_df.filter("done")["run_id"].to_list()
+    tables = io.scan_tables(target.root, done)
+    rollouts = tables.rollouts
     # The large scans: heldout scores first (small result), then both coverage curves in one pass.
-    scored = metrics.scored_candidates(rollouts, candidates).collect(engine=ENGINE).lazy()
-    heldout_curve, train_curve = (c.lazy() for c in pl.collect_all(
+    scored = metrics.scored_candidates(rollouts, tables.candidates).collect(engine=ENGINE).lazy()
+    heldout_curve, train_curve, seed_rows = (c.lazy() for c in pl.collect_all(
         [metrics.coverage_curve(rollouts, scored, runs, "heldout"),
-         metrics.coverage_curve(rollouts, scored, runs, "train")], engine=ENGINE))
+         metrics.coverage_curve(rollouts, scored, runs, "train"),
+         metrics.seed_rows(rollouts, runs)], engine=ENGINE))
     best = metrics.run_best(scored, runs)
     per_run = metrics.run_metrics(runs, best, heldout_curve, train_curve, options.k).collect(engine=ENGINE)
+    per_run = per_run.join(metrics.noise_floor(per_run.lazy(), seed_rows).collect(), on="run_id", how="left")
     cell = metrics.cell_columns(axes)
     plan = metrics.resample_plan(per_run.group_by(cell).len()["len"].to_list(), options.resamples, options.ci_seed)
     stats = metrics.seed_summary(per_run.lazy(), plan, axes, level=options.level)
     points = metrics.pareto_points(scored, runs)
     shares = metrics.pareto_shares(points, runs, axes)
-    summary, curves, points_df = pl.collect_all([
-        metrics.summary(runs, stats, shares, axes, metrics.k_used(scored, options.k), level=options.level),
-        metrics.curve_points(runs, scored, heldout_curve, train_curve),
+    traced = trace.trace_points(rollouts, tables.proposals, runs) if len(done) == 1 else \
+        pl.LazyFrame(schema=trace.TRACE_SCHEMA)
+    summary, curves, points_df, noise, trace_df = pl.collect_all([
+        metrics.summary(runs, stats, shares, axes, metrics.k_used(scored, options.k), per_run.lazy(),
+                        level=options.level),
+        metrics.curve_points(runs, scored, heldout_curve, train_curve, best),
         points.sort("task", "run_id", "candidate_id"),
+        metrics.noise_groups(per_run.lazy()),
+        traced,
     ], engine=ENGINE)
-    per_run = per_run.select(*cell, "label", "seed", "run_id", "threshold", "n_candidates", "best_candidate_id",
-                             *metrics.RUN_METRICS,
+    per_run = per_run.select(*cell, "label", "seed", "run_id", "threshold", "n_candidates", "seed_candidate_id",
+                             "pick_candidate_id", "best_candidate_id", *metrics.RUN_METRICS, "seed_rows",
+                             "noise_runs", "noise_half_range", "noise_sd",
                              "policy_model", "proposer_model").sort(*cell, "seed", "run_id")
-    return ReportFrames(axes=axes, runs=io.rounded(per_run), summary=io.rounded(summary),
-                        curve_points=io.rounded(curves), pareto_points=io.rounded(points_df), options=options)
+    summary, per_run, curves = io.rounded(summary), io.rounded(per_run), io.rounded(curves)
+    trace_df = io.rounded(trace_df)
+    return ReportFrames(axes=axes, runs=per_run, summary=summary, curve_points=curves,
+                        pareto_points=io.rounded(points_df), options=options, noise=io.rounded(noise), trace=trace_df,
+                        conclusions=conclusions.conclude(summary, per_run, trace_df),
+                        charts=conclusions.plan_charts(summary, per_run, curves, axes))
 
 
 def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0,
                  task_thresholds: Mapping[str, float] | None = None, out: str | None = None,
                  charts: bool = True, resamples: int = 1000, ci_seed: int = 0) -> ReportPaths:
-    """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the sweep's evidence alone. Per-task
-    thresholds the sweep recorded (a container's `solved_threshold`) apply unless
-    `task_thresholds` names the task."""
-    per_task = {**io.recorded_thresholds(sweep_dir), **(task_thresholds or {})}
+    """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the evidence alone; ``sweep_dir`` may
+    also be one run's directory (a report of that run). Per-task thresholds the sweep recorded
+    (a container's `solved_threshold`) apply unless `task_thresholds` names the task."""
+    per_task = {**io.recorded_thresholds(io.locate(sweep_dir).root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),
                             resamples=resamples, ci_seed=ci_seed)
     frames = compute_report(sweep_dir, options)
@@ -94,16 +116,20 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
               "axes": frames.axes}
     written = {
         "summary_parquet": io.write_parquet(frames.summary, out_dir / "summary.parquet"),
-        "summary_json": io.write_json(frames.summary, out_dir / "summary.json", parameters=params),
+        "summary_json": io.write_json(frames.summary, out_dir / "summary.json", parameters=params,
+                                      conclusions=frames.conclusions["text"].to_list()),
         "summary_md": io.write_text(render_markdown(frames), out_dir / "summary.md"),
         "curve_points": io.write_parquet(frames.curve_points, out_dir / "curve_points.parquet"),
         "runs": io.write_parquet(frames.runs, out_dir / "runs.parquet"),
         "pareto_points": io.write_parquet(frames.pareto_points, out_dir / "pareto_points.parquet"),
+        "noise": io.write_parquet(frames.noise, out_dir / "noise_floor.parquet"),
     }
+    if frames.trace.height:
+        written["trace_points"] = io.write_parquet(frames.trace, out_dir / "trace_points.parquet")
     chart_paths: list[Path] = []
     if charts:
         from benchmarks.report.charts import render_charts
 
-        chart_paths = render_charts(frames.summary, frames.runs, frames.curve_points, frames.axes, out_dir)
+        chart_paths = render_charts(frames, out_dir)
     return ReportPaths(report_dir=str(out_dir), **{name: str(path) for name, path in written.items()},
                        charts=tuple(str(p) for p in chart_paths))

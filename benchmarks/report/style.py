@@ -1,0 +1,142 @@
+"""What every chart of a report shares: one colour per stack decided in one place, integer
+ticks on count axes, lift axes that do not exaggerate tiny differences, the seed noise band,
+and saving with pinned metadata (regenerated files are byte-stable)."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib as mpl  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+STABLE_RC = {"svg.hashsalt": "gepa-harness-report", "svg.fonttype": "path", "path.simplify": True}
+CONTROL_GREY = "#7f7f7f"  # the seed-only control arm, in every chart
+SEED_GREY = "0.35"
+NOISE_COLOUR = "#9ecae1"
+MIN_LIFT = 0.05  # a lift axis spans at least +-0.05 reward
+SCORE = "mean reward on the pool's rows (0-1)"
+TITLE_CHARS = 72
+
+
+def palette(labels: Iterable[str]) -> dict[str, str]:
+    """Label -> colour for a whole report: labels in sorted order take tab10 (tab20 past nine),
+    skipping grey, which only the seed-only control arm gets."""
+    names = sorted(set(labels))
+    control = [n for n in names if n.split(" (")[0] == "seed_only"]
+    others = [n for n in names if n not in control]
+    cmap = mpl.colormaps["tab10" if len(others) <= 9 else "tab20"]
+    greys = {7} if cmap.N == 10 else {14, 15}
+    slots = [i for i in range(cmap.N) if i not in greys]
+    colours = {name: to_hex(cmap(slots[i % len(slots)])) for i, name in enumerate(others)}
+    return {**colours, **{name: CONTROL_GREY for name in control}}
+
+
+def integer_ticks(lo: float, hi: float, max_ticks: int = 8) -> list[int]:
+    """Whole-number ticks covering [lo, hi] with a 1-2-5 step: never K = 0.6 on a count axis."""
+    first, last = math.floor(lo), math.ceil(hi)
+    span = max(last - first, 1)
+    step = 1
+    for magnitude in (10 ** e for e in range(0, 12)):
+        found = next((m * magnitude for m in (1, 2, 5) if span / (m * magnitude) <= max_ticks - 1), None)
+        if found is not None:
+            step = found
+            break
+    start = math.ceil(first / step) * step
+    return list(range(start, last + 1, step))
+
+
+def count_axis(ax: Axes, which: str, lo: float, hi: float, pad: float = 0.5) -> None:
+    """A count axis: integer ticks and limits a little past the data."""
+    ticks = integer_ticks(lo, hi)
+    limits = (min(lo, ticks[0]) - pad, max(hi, ticks[-1]) + pad)
+    if which == "x":
+        ax.set_xticks(ticks)
+        ax.set_xlim(*limits)
+    else:
+        ax.set_yticks(ticks)
+        ax.set_ylim(*limits)
+
+
+def lift_limit(values: Iterable[float | None]) -> float:
+    """Half-height of a symmetric lift axis: at least MIN_LIFT, rounded up to 0.05."""
+    finite = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    top = max(finite + [0.0]) * 1.15
+    return max(MIN_LIFT, math.ceil(round(top / 0.05, 9)) * 0.05)
+
+
+def lift_axis(ax: Axes, values: Iterable[float | None], label: str) -> None:
+    limit = lift_limit(values)
+    ax.set_ylim(-limit, limit)
+    ax.axhline(0.0, color=SEED_GREY, linewidth=1.0, zorder=1)
+    ax.set_ylabel(label)
+
+
+def noise_band(ax: Axes, half: float | None, runs: int) -> None:
+    """The seed's run-to-run spread as a band around zero lift, or a note that it is unknown."""
+    if half is None:
+        ax.text(0.01, 0.02, f"seed noise floor unknown ({runs} run{'s' if runs != 1 else ''} of the seed)",
+                transform=ax.transAxes, fontsize=8, color=SEED_GREY, va="bottom")
+        return
+    ax.axhspan(-half, half, color=NOISE_COLOUR, alpha=0.35, linewidth=0, zorder=0,
+               label=f"seed noise ±{half:.3f} (half range, {runs} runs)")
+
+
+def figure(n_panels: int, ncols: int = 1, width: float = 6.4, height: float = 4.4) -> tuple[Figure, list[Axes]]:
+    n_panels = max(n_panels, 1)
+    nrows = (n_panels + ncols - 1) // ncols
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for extra in axes[n_panels:]:
+        extra.set_visible(False)
+    return fig, axes
+
+
+def title(ax: Axes, text: str, chars: int = TITLE_CHARS) -> None:
+    ax.set_title(textwrap.fill(text, chars), fontsize=9.5, loc="left")
+
+
+def suptitle(fig: Figure, text: str) -> None:
+    """The figure's heading, wrapped to its width (about 11 characters per inch at 12 pt)."""
+    fig.suptitle(textwrap.fill(text, max(40, int(fig.get_figwidth() * 11))))
+
+
+def legend(ax: Axes, loc: str = "best") -> None:
+    """Inside the axes for a few entries, to the right of it for more (so lines stay visible)."""
+    entries = len(ax.get_legend_handles_labels()[1])
+    if not entries:
+        return
+    if entries > 4:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=8, loc=loc)
+
+
+def spread(n: int, width: float = 0.24) -> list[float]:
+    """Deterministic horizontal offsets for n dots around one x."""
+    if n <= 1:
+        return [0.0]
+    return [width * (i / (n - 1) - 0.5) for i in range(n)]
+
+
+def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+    with mpl.rc_context(STABLE_RC):
+        fig.savefig(png, dpi=110, metadata={"Software": None})
+        fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    return [png, svg]
+
+
+def remove_stale(out_dir: Path, names: Sequence[str]) -> None:
+    """Charts an earlier report drew that this one does not (a run became a sweep)."""
+    for name in names:
+        for suffix in (".png", ".svg"):
+            (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
