@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.view.charts import lineage_spec, trace_spec
-from harness.view.evidence import VIEW_DIR, RunEvidence, Target, ViewError, load_run, locate, run_manifest, sweep_runs
+from harness.view.evidence import (
+    VIEW_DIR,
+    RunEvidence,
+    Target,
+    ViewError,
+    check_run,
+    load_run,
+    locate,
+    run_manifest,
+    sweep_runs,
+)
 from harness.view.page import render, write_page
 from harness.view.run_payload import build_run_payload
 from harness.view.sweep_payload import build_sweep_payload
@@ -30,8 +40,7 @@ def default_output(target: Target) -> Path:
 def run_page(evidence: RunEvidence, sweep_link: str | None = None) -> str:
     payload = build_run_payload(evidence, sweep_link=sweep_link)
     generations = max((c.generation for c in payload.candidates), default=0)
-    width = max((c.x for c in payload.candidates), default=0.0)
-    charts = {"lineage": lineage_spec(len(payload.candidates), generations, width), "trace": trace_spec()}
+    charts = {"lineage": lineage_spec(len(payload.candidates), generations), "trace": trace_spec()}
     return render("run.html.j2", payload, title=f"Run {payload.summary.run_id} · {payload.summary.container or ''}",
                   scripts=["common.js", "run.js"], vega=True, charts=charts)
 
@@ -41,7 +50,7 @@ def _check_runs(sweep_dir: Path) -> list[str]:
     finished = []
     for point in sweep_runs(sweep_dir):
         if run_manifest(sweep_dir / point["run_id"]) is not None:
-            load_run(sweep_dir / point["run_id"])  # raises on a bad file: before anything is written
+            check_run(sweep_dir / point["run_id"])  # raises on a bad file: before anything is written
             finished.append(point["run_id"])
     return finished
 

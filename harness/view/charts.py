@@ -1,9 +1,13 @@
 """Vega-Lite specs (built with Altair, which checks them against the schema) for a run's
 lineage graph and optimization trace. The specs name their data ("nodes", "edges", "trace");
-the page passes the rows from its one embedded JSON, so no row is written twice."""
+the page passes the rows from its one embedded JSON, so no row is written twice. Scales take
+their domains from the data, so a spec depends on little but whether nodes carry labels: it
+is built (and validated, which takes about a second) once per process and copied per page."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import altair as alt
@@ -22,12 +26,12 @@ def _spec(chart: alt.TopLevelMixin) -> dict[str, Any]:
     return spec
 
 
-def lineage_spec(n_nodes: int, generations: int, width_slots: float) -> dict[str, Any]:
-    """`width_slots`: the largest x of the layout; domains leave half a slot around the nodes
-    so none sits on the frame."""
-    y = alt.Y("y:Q", title="generation", scale=alt.Scale(reverse=True, nice=False, domain=[-0.4, generations + 0.6]),
-              axis=alt.Axis(values=list(range(generations + 1)), format="d", grid=False))
-    x = alt.X("x:Q", axis=None, scale=alt.Scale(nice=False, domain=[-0.6, width_slots + 0.6]))
+@functools.cache
+def _lineage_json(labels: bool) -> str:
+    # integer generations only: a tick between two rows gets no label
+    y = alt.Y("y:Q", title="generation", scale=alt.Scale(reverse=True, nice=False, padding=36),
+              axis=alt.Axis(tickMinStep=1, labelExpr="datum.value % 1 ? '' : datum.label", grid=False))
+    x = alt.X("x:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=40))
     edges = alt.Chart(alt.Data(name="edges")).mark_line(color="#9ca3af", strokeWidth=1.2).encode(
         x=x, y=y, detail="edge_id:N", order="end:Q",
         strokeDash=alt.condition("datum.primary", alt.value([1, 0]), alt.value([4, 3])))
@@ -47,14 +51,19 @@ def lineage_spec(n_nodes: int, generations: int, width_slots: float) -> dict[str
         stroke=alt.condition("datum.is_pick", alt.value("#111827"), alt.value("white")),
     ).add_params(zoom)
     layers: list[alt.Chart] = [edges, nodes]
-    if n_nodes <= LABELS_UP_TO:
+    if labels:
         layers.append(alt.Chart(alt.Data(name="nodes")).mark_text(dy=16, fontSize=10, lineBreak="\n").encode(
             x=x, y=y, text="label:N"))
-    height = max(160, PX_PER_GENERATION * (generations + 1))
-    return _spec(alt.layer(*layers).properties(width="container", height=height))
+    return json.dumps(_spec(alt.layer(*layers).properties(width="container")))
 
 
-def trace_spec() -> dict[str, Any]:
+def lineage_spec(n_nodes: int, generations: int) -> dict[str, Any]:
+    spec = json.loads(_lineage_json(n_nodes <= LABELS_UP_TO))
+    return {**spec, "height": max(160, PX_PER_GENERATION * (generations + 1))}
+
+
+@functools.cache
+def _trace_json() -> str:
     x = alt.X("rollouts:Q", title="optimization rollouts spent", scale=alt.Scale(zero=True))
     y = alt.Y("score:Q", title="mean reward")
     color = alt.Color("series:N", scale=alt.Scale(domain=list(SERIES_COLORS), range=list(SERIES_COLORS.values())),
@@ -69,4 +78,8 @@ def trace_spec() -> dict[str, Any]:
                         points.encode(x=x, y=y, color=color, tooltip=tooltip,
                                       shape=alt.condition("datum.kind == 'pareto'", alt.value("diamond"),
                                                           alt.value("circle"))).add_params(zoom))
-    return _spec(layered.properties(width="container", height=260))
+    return json.dumps(_spec(layered.properties(width="container", height=260)))
+
+
+def trace_spec() -> dict[str, Any]:
+    return json.loads(_trace_json())

@@ -20,8 +20,9 @@ USAGE_EPILOG = """examples:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m harness view", epilog=USAGE_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     description="A static HTML page (no server needed, works offline) from a sweep "
-                                                 "folder (evidence/<sweep>) or a run folder (evidence/<sweep>/<run_id>).")
+                                     description="A static HTML page (no server needed, works offline) from a "
+                                                 "sweep folder (evidence/<sweep>) or a run folder "
+                                                 "(evidence/<sweep>/<run_id>).")
     parser.add_argument("path", help="evidence/<sweep> or evidence/<sweep>/<run_id>")
     parser.add_argument("--out", default=None, help="the page to write (default: PATH/view/index.html); a sweep's run "
                                                     "pages go to runs/ beside it")

@@ -67,26 +67,32 @@ def _threshold(run_dir: Path, manifest: dict[str, Any]) -> float:
     return recorded_thresholds(run_dir.parent).get(str(container), 1.0)
 
 
-def load_run(run_dir: str | Path) -> RunEvidence:
-    """A finished (or failed) run's manifest and tables, verified against the manifest."""
+def check_run(run_dir: str | Path) -> dict[str, Any]:
+    """A finished (or failed) run's manifest, after checking that every table it lists carries
+    this schema version and is the file the run wrote; the tables are not read."""
     root = Path(run_dir)
     try:
         manifest = read_manifest(root)
         if manifest is None:
             raise ViewError(f"{root}: no manifest.json: not a finished run")
+        for name in manifest.get("files") or {}:
+            check_parquet_version(root / name)  # another version: say so, not "changed"
         verify_files(root, manifest)
-        listed = set((manifest.get("files") or {}))
-        tables = {}
-        for name, schema in TABLES.items():
-            path = root / f"{name}.parquet"
-            if f"{name}.parquet" in listed:
-                check_parquet_version(path)
-                tables[name] = pl.read_parquet(path)
-            else:  # a run that failed before writing this table: nothing recorded, not zeros
-                tables[name] = pl.from_arrow(schema.empty_table())  # type: ignore[assignment]
-        return RunEvidence(run_dir=root, manifest=manifest, tables=tables, solved_threshold=_threshold(root, manifest))
+        return manifest
     except ReportError as exc:
         raise ViewError(str(exc)) from exc
+
+
+def load_run(run_dir: str | Path) -> RunEvidence:
+    """check_run, then the tables: a table the manifest does not list (a run that failed
+    before writing it) is empty, which shows as nothing recorded, never as zeros."""
+    root = Path(run_dir)
+    manifest = check_run(root)
+    listed = set(manifest.get("files") or {})
+    tables = {name: pl.read_parquet(root / f"{name}.parquet") if f"{name}.parquet" in listed
+              else pl.from_arrow(schema.empty_table()) for name, schema in TABLES.items()}
+    return RunEvidence(run_dir=root, manifest=manifest, tables=tables,  # type: ignore[arg-type]
+                       solved_threshold=_threshold(root, manifest))
 
 
 def sweep_runs(sweep_dir: Path) -> list[dict[str, str]]:

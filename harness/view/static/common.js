@@ -97,7 +97,9 @@ function fillTable(table, columns, rows, {onRow, rowKey, sortable = false} = {})
   table.replaceChildren(h("thead", {}, head), body);
 }
 
+// body[data-ready] lists what has rendered (tests wait on it); viewTimings when (ms since navigation)
 function markReady(name) {
+  (window.viewTimings = window.viewTimings || {})[name] = performance.now();
   const done = (document.body.dataset.ready || "").split(" ").filter(Boolean);
   done.push(name);
   document.body.dataset.ready = done.join(" ");
