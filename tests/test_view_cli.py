@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.view.synthetic import RunShape, write_run, write_sweep
+from harness.sweep.store import SweepStore
 from harness.view.evidence import load_run
 from harness.view.lineage import NodeIn, tree_positions
 from harness.view.run_payload import build_run_payload
+from harness.view.sweep_payload import build_sweep_payload
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = RunShape(rollouts=400, heldout_rows=30, heldout_candidates=3, error_rate=0.05)
@@ -69,6 +72,26 @@ def test_a_changed_table_is_refused_and_nothing_is_written(tmp_path):
     pq.write_table(pq.read_table(table).slice(1), table)  # a valid file of this schema, one row fewer
     assert_one_line_error(view(sweep), "run0001/proposals.parquet", "sha256")
     assert not (sweep / "view").exists()  # run0000 was fine, but no page is written for a sweep with a bad run
+
+
+def test_a_sweep_lists_runs_without_evidence_as_missing_or_failed(tmp_path):
+    sweep = write_sweep(tmp_path, "partial", 3, RunShape(rollouts=120, heldout_rows=10, heldout_candidates=2))
+    shutil.rmtree(sweep / "run0001")  # never ran
+    (sweep / "run0002" / "manifest.json").unlink()  # failed before its manifest; the index says so
+    index = pq.read_table(sweep / "index.parquet").to_pylist()
+    for row in index:
+        if row["run_id"] == "run0002":
+            row.update(status="failed", error="container exited")
+    SweepStore(str(tmp_path), "partial").write_index(index)
+    payload = build_sweep_payload(sweep, page_dir="runs")
+    rows = {r.run_id: r for r in payload.runs}
+    assert [r.run_id for r in payload.runs] == ["run0000", "run0001", "run0002"]
+    assert (rows["run0000"].status, rows["run0001"].status, rows["run0002"].status) == ("done", "missing", "failed")
+    assert rows["run0002"].error == "container exited" and rows["run0001"].page is None is rows["run0002"].page
+    assert rows["run0001"].seed_heldout is None  # no score, not a zero
+    result = view(sweep)
+    assert result.returncode == 0 and "(2 pages" in result.stdout, result.stderr
+    assert sorted(p.name for p in (sweep / "view" / "runs").iterdir()) == ["run0000.html"]
 
 
 def test_out_must_be_an_html_file(tmp_path, synthetic_run):

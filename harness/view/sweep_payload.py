@@ -41,7 +41,8 @@ def _row(sweep_dir: Path, point: dict[str, str], index: dict[str, dict[str, Any]
     manifest = run_manifest(sweep_dir / run_id)
     if manifest is None:
         recorded = index.get(run_id) or {}
-        return SweepRunRow(run_id=run_id, axes=axes, status=recorded.get("status") or "missing",
+        failed = recorded.get("status") == "failed"  # as the report: no manifest is missing unless it failed
+        return SweepRunRow(run_id=run_id, axes=axes, status="failed" if failed else "missing",
                            error=recorded.get("error"), seed_heldout=None, pick_heldout=None, best_heldout=None,
                            rollouts=recorded.get("rollouts"), heldout_rollouts=None,
                            failed_rollouts=recorded.get("failed_rollouts"), cost_usd=None,

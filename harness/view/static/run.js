@@ -37,7 +37,8 @@ const ROWS_PAGE = 300;
       el.textContent = "charts unavailable (the Vega runtime is missing from this page)";
       return Promise.resolve(null);
     }
-    return vegaEmbed(el, {...spec, datasets}, {renderer: "svg", actions: false}).then((result) => {
+    // errors only: an empty layer (a run without children has no edges) is not worth a warning
+    return vegaEmbed(el, {...spec, datasets}, {renderer: "svg", actions: false, logLevel: vega.Error}).then((result) => {
       markReady(id);
       return result;
     });
