@@ -91,7 +91,13 @@ def test_a_sweep_lists_runs_without_evidence_as_missing_or_failed(tmp_path):
     assert rows["run0001"].seed_heldout is None  # no score, not a zero
     result = view(sweep)
     assert result.returncode == 0 and "(2 pages" in result.stdout, result.stderr
-    assert sorted(p.name for p in (sweep / "view" / "runs").iterdir()) == ["run0000.html"]
+    pages = sweep / "view" / "runs"
+    assert sorted(p.name for p in pages.iterdir()) == ["run0000.html"]
+    # a page of a run that left the sweep goes on the next build; a file that is not a view page stays
+    shutil.copy(pages / "run0000.html", pages / "gone.html")
+    (pages / "mine.html").write_text("<html>notes</html>")
+    assert view(sweep).returncode == 0
+    assert sorted(p.name for p in pages.iterdir()) == ["mine.html", "run0000.html"]
 
 
 def test_out_must_be_an_html_file(tmp_path, synthetic_run):

@@ -19,7 +19,7 @@ from harness.view.evidence import (
     run_manifest,
     sweep_runs,
 )
-from harness.view.page import render, write_page
+from harness.view.page import is_view_page, render, write_page
 from harness.view.run_payload import build_run_payload
 from harness.view.sweep_payload import build_sweep_payload
 
@@ -72,8 +72,9 @@ def build(path: str | Path, out: str | Path | None = None) -> Written:
         html = run_page(load_run(target.path / run_id), sweep_link=f"../{index.name}")
         write_page(run_dir / f"{run_id}.html", html)
         total += len(html.encode())
-    stale = [p for p in run_dir.glob("*.html") if p.stem not in set(finished)] if run_dir.is_dir() else []
-    for page in stale:  # a run that left the sweep (or lost its manifest) keeps no page
+    # a run that left the sweep (or lost its manifest) keeps no page; other files are not ours to remove
+    stale = [p for p in run_dir.glob("*.html") if p.stem not in set(finished) and is_view_page(p)]
+    for page in stale:
         page.unlink()
     html = render("sweep.html.j2", payload, title=f"Sweep {payload.sweep}", scripts=["common.js", "sweep.js"],
                   vega=False)
