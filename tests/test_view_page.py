@@ -204,3 +204,18 @@ def test_hostile_text_stays_text_and_error_rows_stay_errors(browser, tmp_path):
         assert opened.errors == []
     finally:
         opened.page.close()
+
+
+def test_a_run_without_children_renders_its_one_node(browser, tmp_path):
+    """A seed-only run: one node, no edge, no proposal; nothing on the console."""
+    run_dir = write_run(tmp_path, "seed_only", "run0", RunShape(rollouts=30 + 20, heldout_rows=20,
+                                                                heldout_candidates=1))
+    assert view(run_dir).returncode == 0
+    opened = Opened(browser, run_dir / "view" / "index.html", RUN_MARKS)
+    try:
+        assert opened.count("#lineage .mark-symbol.role-mark path") == 1
+        assert opened.count("#proposals tbody tr") == 0 and opened.count("#rows tbody tr") == 20
+        assert opened.page.locator("#detail-title").inner_text().startswith("Candidate c0000")
+        assert opened.errors == []
+    finally:
+        opened.page.close()

@@ -37,8 +37,8 @@ const ROWS_PAGE = 300;
       el.textContent = "charts unavailable (the Vega runtime is missing from this page)";
       return Promise.resolve(null);
     }
-    // errors only: an empty layer (a run without children has no edges) is not worth a warning
-    return vegaEmbed(el, {...spec, datasets}, {renderer: "svg", actions: false, logLevel: vega.Error}).then((result) => {
+    // log level 1 (vega's Error): an empty layer (a run without children has no edges) is not worth a warning
+    return vegaEmbed(el, {...spec, datasets}, {renderer: "svg", actions: false, logLevel: 1}).then((result) => {
       markReady(id);
       return result;
     });
