@@ -117,6 +117,10 @@ def entry() -> None:
         from harness.doctor import main as doctor
 
         sys.exit(doctor(sys.argv[2:]))
+    if sys.argv[1:2] == ["view"]:  # not a Hydra run: writes a page from evidence and exits
+        from harness.view.cli import main as view
+
+        sys.exit(view(sys.argv[2:]))
 
     problem = composition_error(sys.argv[1:], CONFIG_DIR)
     if problem is not None:
