@@ -11,6 +11,7 @@ from typing import Any, Literal
 import polars as pl
 
 from benchmarks.report.io import ReportError, check_parquet_version, expected_grid, read_manifest, verify_files
+from benchmarks.report.io import Target as ReportTarget
 from harness.errors import HarnessError
 from harness.evidence.schema import TABLES
 from harness.evidence.writer import MANIFEST
@@ -98,7 +99,7 @@ def load_run(run_dir: str | Path) -> RunEvidence:
 def sweep_runs(sweep_dir: Path) -> list[dict[str, str]]:
     """The sweep's expected runs (sweep.json's grid, else the run folders), each with its axes."""
     try:
-        return expected_grid(sweep_dir)
+        return expected_grid(ReportTarget(sweep_dir))
     except ReportError as exc:
         raise ViewError(str(exc)) from exc
 
