@@ -39,11 +39,11 @@ def main(argv: list[str]) -> int:
 
 
 def _export(path: Path, config: TrackingConfig, console: Console) -> int:
+    require_mlflow()  # before importing what imports MLflow
     from harness.tracking.hooks import open_target
     from harness.tracking.mlflow_export import export_run
     from harness.tracking.record import read_run, run_dirs
 
-    require_mlflow()
     opened: set[MlflowTarget] = set()
     failed = 0
     for folder in run_dirs(path):
