@@ -53,3 +53,16 @@ def test_a_path_names_one_run_or_every_finished_run_of_a_sweep(tmp_path):
         run_dirs(tmp_path / "missing")
     with pytest.raises(ExportError, match="neither a run folder"):
         run_dirs(sweep / "unfinished")
+
+
+def test_the_default_store_sits_under_the_evidence_root_and_needs_local_evidence(tmp_path):
+    from harness.errors import ConfigError
+    from harness.tracking.settings import TrackingConfig, resolve_target
+
+    target = resolve_target(TrackingConfig(), tmp_path, "smoke")
+    assert target.uri == f"sqlite:///{tmp_path}/.mlflow/mlflow.db" and target.experiment == "smoke"
+    assert target.artifact_location == (tmp_path / ".mlflow" / "artifacts").as_uri()
+    given = resolve_target(TrackingConfig(uri="http://127.0.0.1:5000", experiment="mine"), tmp_path, "smoke")
+    assert (given.uri, given.experiment, given.artifact_location) == ("http://127.0.0.1:5000", "mine", None)
+    with pytest.raises(ConfigError, match="not a local folder"):
+        resolve_target(TrackingConfig(), "s3://bucket/evidence", "smoke")

@@ -44,15 +44,15 @@ def default_store(evidence_root: str | Path) -> tuple[str, str]:
     """(tracking URI, artifact location) of the store under `evidence_root`. SQLite, not a
     `file:` store: MLflow 3 refuses `file:` stores unless MLFLOW_ALLOW_FILE_STORE=true
     (maintenance mode), while `mlflow ui --backend-store-uri sqlite:///...` just opens this."""
-    root = str(evidence_root)
-    if "://" in root:
-        raise ConfigError(f"tracking=mlflow: evidence_root {root!r} is not a local folder, so there is no default "
-                          "MLflow store beside it: set tracking.uri (e.g. an MLflow server's http://host:5000)")
-    store = Path(root).resolve() / STORE_DIR
+    store = Path(evidence_root).resolve() / STORE_DIR
     return f"sqlite:///{store / 'mlflow.db'}", (store / "artifacts").as_uri()
 
 
 def resolve_target(config: TrackingConfig, evidence_root: str | Path, sweep: str) -> MlflowTarget:
+    if "://" in str(evidence_root):
+        raise ConfigError(f"tracking=mlflow exports from the evidence files, and evidence_root {str(evidence_root)!r} "
+                          "is not a local folder: run without tracking, then `python -m harness export mlflow` on a "
+                          "local copy of the sweep folder")
     experiment = config.experiment or sweep
     if config.uri:
         return MlflowTarget(uri=config.uri, experiment=experiment)
