@@ -58,7 +58,8 @@ def run_single(config: HarnessConfig, console: Console) -> int:
                                               restart_container=services.restarter(endpoints.container_url),
                                               force=config.force))
     print_outcome(console, outcome, len(spec.pools.heldout))
-    _export(tracking, outcome.evidence_dir, console)
+    # the evidence in place: a redo that failed left the previous, done, evidence there
+    _export(tracking, location.run_dir, console)
     return 0 if outcome.status == "done" else 1
 
 

@@ -18,6 +18,7 @@ import ray
 
 from harness.context import Progress
 from harness.errors import HarnessError
+from harness.evidence.writer import EvidenceLocation
 from harness.run import RunOutcome, execute_run
 from harness.services import Endpoints
 from harness.specs import RunSpec
@@ -174,7 +175,9 @@ class RunWorker:
                 logger.warning("run %s: could not release its endpoint slots", spec.run_id)
         logger.info("run %s %s: %s", spec.run_id, outcome.status, outcome.error or outcome.stop_reason)
         if tracking is not None and outcome.evidence_dir:  # the evidence is final: this process exports it
-            note = export_finished(MlflowTarget.model_validate_json(tracking), outcome.evidence_dir)
+            # the evidence in place: a redo that failed left the previous, done, evidence there
+            in_place = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id).run_dir
+            note = export_finished(MlflowTarget.model_validate_json(tracking), in_place)
             (logger.info if note.ok else logger.warning)("%s", note.message)
             outcome = outcome.model_copy(update={"tracking": note})
         return outcome.model_dump_json()

@@ -112,6 +112,14 @@ def read_run(run_dir: str | Path) -> RunRecord:
         raise ExportError(str(exc)) from exc
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise ExportError(f"{folder}: unreadable evidence: {str(exc).splitlines()[0]}") from exc
+    try:
+        return _record(folder, manifest, rollouts, candidates, proposals)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a manifest that is JSON but not a run's
+        raise ExportError(f"{folder}: malformed evidence: {type(exc).__name__}: {exc}") from exc
+
+
+def _record(folder: Path, manifest: dict[str, Any], rollouts: pl.DataFrame, candidates: pl.DataFrame,
+            proposals: pl.DataFrame) -> RunRecord:
     spec = manifest.get("spec") or {}
     timings = manifest.get("timings") or {}
     started_ms = _ms(timings.get("started_at"))
