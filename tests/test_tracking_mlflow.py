@@ -208,10 +208,12 @@ def test_exporting_a_sweep_folder_is_idempotent_and_replaces_a_redone_run(
     assert now[specs[0].run_id] != first[specs[0].run_id]
     assert client.get_run(first[specs[0].run_id]).info.lifecycle_stage == "deleted"
 
-    # any URI and experiment name
+    # any URI and experiment name; a SQLite store's artifacts go beside it, not to ./mlruns
     other = f"sqlite:///{tmp_path / 'other.db'}"
     assert export(["mlflow", str(sweep_dir), "--uri", other, "--experiment", "mine"]) == 0
     assert len(runs_of(mlflow_client_cls(tracking_uri=other), "mine")) == 2
+    assert len(list((tmp_path / "mlartifacts").glob("*/artifacts/evidence/manifest.json"))) == 2
+    assert not (Path.cwd() / "mlruns").exists() and not (REPO / "mlruns").exists()
 
 
 def test_edited_evidence_is_not_exported(tmp_path, data_dir, banking77_url, scripted_policy, mlflow_client_cls,

@@ -64,5 +64,7 @@ def test_the_default_store_sits_under_the_evidence_root_and_needs_local_evidence
     assert target.artifact_location == (tmp_path / ".mlflow" / "artifacts").as_uri()
     given = resolve_target(TrackingConfig(uri="http://127.0.0.1:5000", experiment="mine"), tmp_path, "smoke")
     assert (given.uri, given.experiment, given.artifact_location) == ("http://127.0.0.1:5000", "mine", None)
+    database = resolve_target(TrackingConfig(uri=f"sqlite:///{tmp_path}/x/t.db"), "/elsewhere", "smoke")
+    assert database.artifact_location == (tmp_path / "x" / "mlartifacts").as_uri()  # not ./mlruns of the cwd
     with pytest.raises(ConfigError, match="not a local folder"):
         resolve_target(TrackingConfig(), "s3://bucket/evidence", "smoke")

@@ -54,7 +54,13 @@ def resolve_target(config: TrackingConfig, evidence_root: str | Path, sweep: str
                           "is not a local folder: run without tracking, then `python -m harness export mlflow` on a "
                           "local copy of the sweep folder")
     experiment = config.experiment or sweep
-    if config.uri:
+    if config.uri and config.uri.startswith("sqlite:///"):
+        # MLflow's default for a SQLite store is ./mlruns in whatever folder the command ran
+        # from: keep a new experiment's artifacts beside the database instead
+        database = Path(config.uri.removeprefix("sqlite:///").partition("?")[0]).resolve()
+        return MlflowTarget(uri=config.uri, experiment=experiment,
+                            artifact_location=(database.parent / "mlartifacts").as_uri())
+    if config.uri:  # a server or another database: it knows where its artifacts go
         return MlflowTarget(uri=config.uri, experiment=experiment)
     uri, artifacts = default_store(evidence_root)
     return MlflowTarget(uri=uri, experiment=experiment, artifact_location=artifacts)
