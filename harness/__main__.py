@@ -1,5 +1,7 @@
 """Entry point. `python -m harness` runs one run in-process (no Ray);
-`python -m harness +sweep=NAME` expands the sweep and runs it on Ray actors.
+`python -m harness +sweep=NAME` expands the sweep and runs it on Ray actors;
+`python -m harness doctor ...` checks a container; `python -m harness export mlflow PATH`
+exports existing evidence to MLflow.
 Hydra's config stops here: everything below takes frozen pydantic models."""
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from rich.console import Console
 
 from harness.config import HarnessConfig, load_config, run_spec
 from harness.errors import HarnessError
+from harness.tracking.hooks import open_target
+from harness.tracking.settings import MlflowTarget
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -32,9 +36,14 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     # service logs go under the evidence root: check it before starting anything (as a sweep does)
     location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
     location.check_writable()
+    tracking = open_target(config.tracking, spec.evidence_root, spec.sweep)  # a missing extra: one line, now
+    if tracking is not None:
+        console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
+                      markup=False, soft_wrap=True)
     if finished(location) and not config.force:
         console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
                       highlight=False)
+        _export(tracking, location.run_dir, console)  # exported before? then left as it is
         return 0
     log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
@@ -49,7 +58,21 @@ def run_single(config: HarnessConfig, console: Console) -> int:
                                               restart_container=services.restarter(endpoints.container_url),
                                               force=config.force))
     print_outcome(console, outcome, len(spec.pools.heldout))
+    # the evidence in place: a redo that failed left the previous, done, evidence there
+    _export(tracking, location.run_dir, console)
     return 0 if outcome.status == "done" else 1
+
+
+def _export(tracking: MlflowTarget | None, run_dir: str, console: Console) -> None:
+    """Export the finished run; a tracker's failure is one line and changes nothing else."""
+    if tracking is None:
+        return
+    from harness.tracking.hooks import export_finished, ui_hint
+
+    note = export_finished(tracking, run_dir)
+    console.print(note.message, style=None if note.ok else "yellow", highlight=False, markup=False, soft_wrap=True)
+    if note.ok:
+        console.print(ui_hint(tracking), highlight=False, markup=False, soft_wrap=True)
 
 
 def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
@@ -121,6 +144,10 @@ def entry() -> None:
         from harness.view.cli import main as view
 
         sys.exit(view(sys.argv[2:]))
+    if sys.argv[1:2] == ["export"]:  # not a Hydra run: exports evidence that exists to a tracker
+        from harness.tracking.cli import main as export
+
+        sys.exit(export(sys.argv[2:]))
 
     problem = composition_error(sys.argv[1:], CONFIG_DIR)
     if problem is not None:

@@ -12,6 +12,7 @@ from harness.errors import ConfigError
 from harness.gateway.models import GatewaySettings
 from harness.services import LocalServerOptions
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, PoolSpec, RunSpec
+from harness.tracking.settings import TrackingConfig
 
 
 class PoolsConfig(BaseModel):
@@ -58,6 +59,7 @@ class HarnessConfig(BaseModel):
     ray: RayConfig = RayConfig()
     gateway: GatewaySettings = GatewaySettings()
     sweep: dict[str, Any] | None = None
+    tracking: TrackingConfig | None = None  # None: runs are not exported to a tracker
     # the models profile's axis defaults per shipped sweep, read by the sweep files
     sweep_axes: dict[str, dict[str, list[str]]] = {}
 

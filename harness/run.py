@@ -26,6 +26,7 @@ from harness.preflight import PreflightResult, preflight
 from harness.pricing import PRICE_TABLE_VERSION
 from harness.services import Endpoints
 from harness.specs import RunSpec
+from harness.tracking.hooks import ExportNote
 
 VERSIONED_PACKAGES = ("gepa-harness", "pydantic", "httpx", "pyarrow", "polars", "ray", "hydra-core", "gepa")
 
@@ -67,6 +68,7 @@ class RunOutcome(BaseModel):
     proposals_changed: int = 0  # the proposed text differs from the parent's
     proposals_accepted: int = 0
     logs: tuple[str, ...] = ()  # the run's service logs that have content
+    tracking: ExportNote | None = None  # the export to a tracker, when one is configured (after the evidence)
 
 
 def package_versions() -> dict[str, str]:

@@ -19,7 +19,7 @@ from harness.sweep.expand import expand, grid, parse_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
-GROUPS = ("container", "policy", "proposer", "algorithm", "models")
+GROUPS = ("container", "policy", "proposer", "algorithm", "models", "tracking")
 
 
 def options(group: str) -> list[str]:

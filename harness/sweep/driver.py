@@ -25,6 +25,8 @@ from harness.services import Endpoints, Services
 from harness.specs import RunSpec
 from harness.sweep.expand import SweepSpec
 from harness.sweep.store import SweepStore
+from harness.tracking.hooks import ExportNote, export_finished, open_target, ui_hint
+from harness.tracking.settings import MlflowTarget
 
 
 class PlannedRun(BaseModel):
@@ -82,6 +84,12 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
 
     store = SweepStore(base.evidence_root, sweep.name)
     store.check_writable()
+    # before any run: a missing extra or a store that does not open is one line; a new SQLite
+    # store is created here once, not by several workers at the same time
+    tracking = open_target(base.tracking, base.evidence_root, sweep.name)
+    if tracking is not None:
+        console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
+                      markup=False, soft_wrap=True)
     log_dir = store.log_dir
     thresholds = {r.spec.container.name: r.spec.container.solved_threshold for r in runs
                   if r.spec.container.solved_threshold is not None}
@@ -101,8 +109,11 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     store.write_index(list(rows.values()))
     console.print(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run",
                   highlight=False)
+    notes: dict[str, ExportNote] = {}
     if not todo:
         _print_table(console, rows, store.dir, log_dir)
+        _export_skipped(tracking, rows, notes)
+        _print_tracking(console, tracking, notes)
         _write_summary(store.dir, console)  # an earlier invocation may have stopped before it
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -135,12 +146,38 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                 board = SweepBoard.remote()
                 _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker,
                           revive=services.revive,
-                          live_usage=_live_usage(services) if base.gateway.live_usage else None)
+                          live_usage=_live_usage(services) if base.gateway.live_usage else None,
+                          tracking=tracking, notes=notes)
     finally:
         ray.shutdown()
     _print_table(console, rows, store.dir, log_dir)
+    _export_skipped(tracking, rows, notes)
+    _print_tracking(console, tracking, notes)
     _write_summary(store.dir, console)
     return 0 if all(r["status"] in ("done", "skipped") for r in rows.values()) else 1
+
+
+def _export_skipped(tracking: MlflowTarget | None, rows: dict[str, dict[str, Any]],
+                    notes: dict[str, ExportNote]) -> None:
+    """Runs skipped as done were finished by an earlier invocation, perhaps without
+    tracking: the driver exports them (one exported before is left as it is)."""
+    if tracking is None:
+        return
+    for run_id, row in rows.items():
+        if row["status"] == "skipped" and row.get("evidence_dir"):
+            notes[run_id] = export_finished(tracking, row["evidence_dir"])
+
+
+def _print_tracking(console: Console, tracking: MlflowTarget | None, notes: dict[str, ExportNote]) -> None:
+    if tracking is None:
+        return
+    exported = sum(note.ok for note in notes.values())
+    for run_id, note in sorted(notes.items()):
+        if not note.ok:
+            console.print(f"run {run_id[:8]}: {note.message}", style="yellow", highlight=False, markup=False,
+                          soft_wrap=True)
+    console.print(f"tracking: {exported} of {len(notes)} finished runs in MLflow experiment {tracking.experiment!r} "
+                  f"({tracking.uri}); {ui_hint(tracking)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _write_summary(sweep_dir: str, console: Console) -> None:
@@ -199,7 +236,8 @@ def _limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
 def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: Any, board: Any,
               base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
               console: Console, worker_cls: Any, revive: Callable[[str], None] | None = None,
-              live_usage: Callable[[], str] | None = None) -> None:
+              live_usage: Callable[[], str] | None = None, tracking: MlflowTarget | None = None,
+              notes: dict[str, ExportNote] | None = None) -> None:
     """Run `todo` on actors of `worker_cls`, a bounded number in flight; a run whose worker
     dies is retried once on a fresh actor. Between waits, restart the containers that runs
     found dead (`revive`, from the Services that started them)."""
@@ -231,7 +269,8 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
         ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
                                board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id),
-                               force=base.force, driver=driver)
+                               force=base.force, driver=driver,
+                               tracking=tracking.model_dump_json() if tracking else None)
         in_flight[ref] = (run, actor)
         rows[run.spec.run_id]["status"] = "running"
 
@@ -260,6 +299,8 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
                 rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
                 store.write_index(list(rows.values()))
+                if outcome.tracking is not None and notes is not None:
+                    notes[run_id] = outcome.tracking
             status = _status_line(rows, ray.get(board.snapshot.remote()), started)
             live.update(status + (live_usage() if live_usage else ""))
 

@@ -18,10 +18,13 @@ import ray
 
 from harness.context import Progress
 from harness.errors import HarnessError
+from harness.evidence.writer import EvidenceLocation
 from harness.run import RunOutcome, execute_run
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.sweep.limits import shared_gate
+from harness.tracking.hooks import export_finished
+from harness.tracking.settings import MlflowTarget
 
 
 @ray.remote(num_cpus=0)
@@ -130,7 +133,7 @@ def _run_logger(log_path: Path) -> logging.Logger:
 class RunWorker:
     def run(self, spec_json: str, endpoints_json: str, limiter: Any, board: Any, log_dir: str,
             max_error_rate: float, holder: str | None = None, force: bool = False,
-            driver: tuple[str, int] | None = None) -> str:
+            driver: tuple[str, int] | None = None, tracking: str | None = None) -> str:
         if driver is not None:
             watch_driver(*driver)
         spec = RunSpec.model_validate_json(spec_json)
@@ -171,4 +174,10 @@ class RunWorker:
             except ray.exceptions.RayError:
                 logger.warning("run %s: could not release its endpoint slots", spec.run_id)
         logger.info("run %s %s: %s", spec.run_id, outcome.status, outcome.error or outcome.stop_reason)
+        if tracking is not None and outcome.evidence_dir:  # the evidence is final: this process exports it
+            # the evidence in place: a redo that failed left the previous, done, evidence there
+            in_place = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id).run_dir
+            note = export_finished(MlflowTarget.model_validate_json(tracking), in_place)
+            (logger.info if note.ok else logger.warning)("%s", note.message)
+            outcome = outcome.model_copy(update={"tracking": note})
         return outcome.model_dump_json()
