@@ -14,15 +14,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
-from mlflow.exceptions import MlflowException
-from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+# MLflow reports usage to its makers unless told not to: an experiment harness sends nothing
+# anywhere by default (MLFLOW_DISABLE_TELEMETRY=false in the environment turns it back on)
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH  # noqa: E402
 from pydantic import BaseModel, ConfigDict
 
 from harness.tracking.record import ExportError, RunRecord
