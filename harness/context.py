@@ -399,6 +399,7 @@ class RunContext:
                 scopes.append(scope)
         call = client.complete(messages, temperature=temperature, max_tokens=max_tokens,
                                seed=self.rng.randrange(2**31))
+        self.notify("proposing")  # a local proposer's reply takes tens of seconds: say what is going on
         wall = self.spec.budget.max_wall_s
         try:
             if wall is None:
