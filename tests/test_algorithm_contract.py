@@ -321,7 +321,10 @@ def test_gepa_arms_score_the_seed_on_the_same_rows(stack: Stack, tmp_path: Path)
     replies = rule_replies(stack.container_url)
     seeds = {}
     for algorithm in GEPA_ARMS:
-        spec = make_spec(algorithm, tmp_path / algorithm, proposer=QUEUE, budget=60)
+        # our arm keeps at most max_new_lines of a reply, those about the minibatch first:
+        # room for every line, so the rules that fix pareto rows get in as they do in the library's rewrite
+        params = {"max_new_lines": 12} if algorithm == "gepa" else None
+        spec = make_spec(algorithm, tmp_path / algorithm, proposer=QUEUE, budget=60, params=params)
         with ScriptedModelThread("queue", replies) as proposer:
             outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
         ev = check_contract(outcome, spec)
