@@ -269,3 +269,20 @@ def test_sampling_stops_once_enough_lines_survive(replies: list[str], wanted: in
     proposal = propose(SEED, replies, "rules", labels=LABELS,
                        results=[failure("card_arrival", "top_up_failed"), failure("exchange_rate", "top_up_failed")])
     assert proposal.enough(wanted) is enough
+
+
+def test_lines_conditioned_on_the_feedback_or_saying_nothing_are_junk() -> None:
+    """The policy never sees the feedback, so a rule that tests it cannot fire; an answer
+    guide line whose description is only another label describes nothing."""
+    rules = ('- If the input is "I need a Visa card" and the feedback says "Visa", the intent should be '
+             '`card_arrival`.\n- If the input asks where an ordered card is, answer `card_arrival`.')
+    proposal = propose(SEED, rules, "rules", labels=LABELS, results=[failure("card_arrival", "exchange_rate")])
+    assert LearnedModule.parse(proposal.text).lines("rules") == (
+        "- If the input asks where an ordered card is, answer `card_arrival`.",)
+    assert proposal.dropped == {"junk": 1}
+    guide = "exchange_rate: top_up_failed?\ncard_arrival: the customer asks where the ordered card is"
+    proposal = propose(SEED, guide, "answer_guide", labels=LABELS,
+                       results=[failure("card_arrival", "top_up_failed"), failure("exchange_rate", "top_up_failed")])
+    assert LearnedModule.parse(proposal.text).lines("answer_guide") == (
+        "- card_arrival: the customer asks where the ordered card is",)
+    assert proposal.dropped == {"junk": 1}

@@ -29,8 +29,10 @@ _SNAKE = re.compile(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\??")
 _AFTER_ANSWER = re.compile(r"\b(?:answer|label|intent|reply|respond)(?:\s+(?:is|with|should\s+be|must\s+be))?"
                            r"\s*[:=]?\s*\**[`'\"]?([A-Za-z0-9_?\-]+)", re.I)
 # Lines a small model copies from the request instead of writing: template placeholders,
-# feedback echoes, non-answers.
-_JUNK_LINE = re.compile(r"<[a-z _]+>|the answer was|answer:\s*`?(unknown|not_determined|none)`?\s*$", re.I)
+# feedback echoes, non-answers, and conditions on the feedback, which the policy never sees.
+_JUNK_LINE = re.compile(r"<[a-z _]+>|the answer was|answer:\s*`?(unknown|not_determined|none)`?\s*$|\bfeedback\b",
+                        re.I)
+GUIDE_MIN_WORDS = 3  # an answer guide's description shorter than this says nothing (often just another label)
 _WORD = re.compile(r"[a-z0-9]+")
 COPY_RUN = 7  # this many consecutive words shared with an example input or feedback: copied, not learned
 
@@ -144,7 +146,8 @@ def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | No
         item = _LIST_LINE.match(raw)
         body = (item.group(1) if item else raw).strip()
         text = "- " + body
-        if len(body) < 8 or _JUNK_LINE.search(body):
+        guide = _GUIDE_LINE.match(body) if edit_format == "answer_guide" else None
+        if len(body) < 8 or _JUNK_LINE.search(body) or (guide and len(guide.group(2).split()) < GUIDE_MIN_WORDS):
             drop("junk")
             continue
         if len(body) > 300:
