@@ -38,11 +38,16 @@ def noise_text(half: float | None, runs: int) -> str:
     return f"seed noise ±{half:.3f} (half the range of the seed's heldout over {runs} runs)"
 
 
+def _leader(rows: list[dict[str, Any]], column: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The cells that ran and have `column`, and the one with the highest (ties: the first)."""
+    ran = [r for r in rows if r["n_runs"] > 0 and r.get(column) is not None]
+    return ran, (max(ran, key=lambda r: (r[column], -ran.index(r))) if ran else None)
+
+
 def lift_sentence(task: str, rows: list[dict[str, Any]]) -> str:
-    ran = [r for r in rows if r["n_runs"] > 0 and r.get("pick_lift_mean") is not None]
-    if not ran:
+    ran, best = _leader(rows, "pick_lift_mean")
+    if best is None:
         return f"{task}: no finished run with a heldout score"
-    best = max(ran, key=lambda r: (r["pick_lift_mean"], -ran.index(r)))
     lift, label = best["pick_lift_mean"], best["label"]
     half, runs = task_noise(ran)
     ci = _ci(best, "pick_lift")
@@ -64,10 +69,9 @@ def lift_sentence(task: str, rows: list[dict[str, Any]]) -> str:
 
 def best_sentence(task: str, rows: list[dict[str, Any]]) -> str:
     """The same comparison for the best candidate on heldout: test-set selection, an upper bound."""
-    ran = [r for r in rows if r["n_runs"] > 0 and r.get("lift_mean") is not None]
-    if not ran:
+    ran, best = _leader(rows, "lift_mean")
+    if best is None:
         return f"{task}: no finished run with a heldout score"
-    best = max(ran, key=lambda r: (r["lift_mean"], -ran.index(r)))
     lift, label, ci = best["lift_mean"], best["label"], _ci(best, "lift")
     half, runs = task_noise(ran)
     if half is not None and lift <= half:
@@ -78,10 +82,9 @@ def best_sentence(task: str, rows: list[dict[str, Any]]) -> str:
 
 
 def coverage_sentence(task: str, rows: list[dict[str, Any]]) -> str:
-    ran = [r for r in rows if r["n_runs"] > 0 and r.get("heldout_coverage_mean") is not None]
-    if not ran:
+    _, best = _leader(rows, "heldout_coverage_mean")
+    if best is None:
         return f"{task}: no finished run"
-    best = max(ran, key=lambda r: (r["heldout_coverage_mean"], -ran.index(r)))
     seed = best.get("seed_heldout_coverage_mean")
     alone = f"; the seed alone solves {seed:g}" if seed is not None else ""
     return (f"{task}: {best['label']} solves the most heldout rows, {best['heldout_coverage_mean']:g} of "
