@@ -1,13 +1,22 @@
-"""The one optimizer protocol and its registry."""
+"""The one optimizer protocol: what an optimizer is (`Optimizer`), what it returns
+(`OptimizerResult`) and what it sees of a run (`RunView`).
+
+`harness.context.RunContext` implements `RunView`; an optimizer is typed against the view
+only, so it depends on the run's public face and plain value types, never on how the run
+is built (no `harness.context`, Ray or Hydra here)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+import random
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.context import RunContext
-from harness.errors import ConfigError
+from harness.candidates import Candidate, RolloutResult
+from harness.contract import ProgramResponse
+from harness.llm import ChatMessage, ChatResult
+from harness.run_state import Evidence, Usage
+from harness.specs import Pools, RunSpec
 
 
 class OptimizerResult(BaseModel):
@@ -17,43 +26,54 @@ class OptimizerResult(BaseModel):
     iterations: int = 0
 
 
+class RunView(Protocol):
+    """The run as an optimizer sees it: rollouts through `evaluate` (the one choke point),
+    proposer calls through `propose`, budget questions, and what it records."""
+
+    @property
+    def spec(self) -> RunSpec: ...
+    @property
+    def pools(self) -> Pools: ...
+    @property
+    def program(self) -> ProgramResponse: ...
+    @property
+    def target_modules(self) -> list[str]: ...
+    @property
+    def task_info(self) -> dict[str, Any] | None: ...
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def seed_candidate(self) -> Candidate: ...
+    @property
+    def usage(self) -> Usage: ...
+    @property
+    def evidence(self) -> Evidence: ...
+    @property
+    def candidates(self) -> list[Candidate]: ...
+
+    # budget: raise `harness.run_state.BudgetExhausted` or answer a stop reason
+    @property
+    def rollouts_left(self) -> int: ...
+    def stop_reason(self, generation: int | None = None) -> str | None: ...
+    def uncached(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...]) -> list[str]: ...
+
+    # rollouts and proposer calls
+    async def evaluate(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...],
+                       stage: str) -> list[RolloutResult]: ...
+    async def propose(self, messages: list[ChatMessage], *, temperature: float, max_tokens: int,
+                      scopes: list[str] | None = None) -> ChatResult: ...
+    def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None: ...
+
+    # candidates and records
+    def add_candidate(self, texts: dict[str, str], parent_ids: tuple[str, ...], origin: str) -> Candidate: ...
+    def candidate(self, candidate_id: str) -> Candidate: ...
+    def set_origin(self, candidate_id: str, origin: str) -> None: ...
+    def record_proposal(self, proposer_scopes: list[str] | None = None, **fields: Any) -> str: ...
+    def event(self, kind: str, message: str, **data: Any) -> None: ...
+    def report_best(self, score: float) -> None: ...
+
+
 class Optimizer(Protocol):
     name: str
 
-    async def run(self, ctx: RunContext) -> OptimizerResult: ...
-
-
-OptimizerFactory = Callable[[dict[str, Any]], Optimizer]
-
-
-def _registry() -> dict[str, OptimizerFactory]:
-    # Imported lazily so that building one optimizer does not import every engine.
-    from algorithms.gepa.optimizer import GepaOptimizer
-    from algorithms.seed_only import SeedOnly
-
-    factories: dict[str, OptimizerFactory] = {
-        "gepa": GepaOptimizer.from_params,
-        "seed_only": SeedOnly.from_params,
-    }
-    try:
-        from algorithms.gepa_ai import GepaLibraryOptimizer
-    except ImportError:
-        pass
-    else:
-        factories["gepa_ai"] = GepaLibraryOptimizer.from_params
-    return factories
-
-
-def algorithm_names() -> list[str]:
-    return sorted(_registry())
-
-
-def build_optimizer(name: str, params: dict[str, Any]) -> Optimizer:
-    registry = _registry()
-    if name not in registry:
-        raise ConfigError(f"unknown algorithm {name!r}; known: {', '.join(sorted(registry))}")
-    try:
-        return registry[name](params)
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        first = str(exc).splitlines()
-        raise ConfigError(f"algorithm {name!r}: invalid params: {' '.join(first[:3])}") from exc
+    async def run(self, ctx: RunView) -> OptimizerResult: ...

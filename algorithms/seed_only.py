@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from algorithms.protocol import OptimizerResult
+from algorithms.protocol import OptimizerResult, RunView
 from harness.candidates import mean_reward
-from harness.context import BudgetExhausted, RunContext
+from harness.run_state import BudgetExhausted
 
 
 class SeedOnlyParams(BaseModel):
@@ -25,7 +25,7 @@ class SeedOnly:
     def from_params(cls, params: dict[str, Any]) -> "SeedOnly":
         return cls(SeedOnlyParams.model_validate(params))
 
-    async def run(self, ctx: RunContext) -> OptimizerResult:
+    async def run(self, ctx: RunView) -> OptimizerResult:
         seed = ctx.seed_candidate
         try:
             results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")

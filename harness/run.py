@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from algorithms.protocol import build_optimizer
+from algorithms.registry import build_optimizer
 from harness.candidates import Candidate, mean_reward
 from harness.checkpoint import CheckpointStore, RunCheckpoint, merge_gateway_summaries
 from harness.client import ContainerClient, Gate

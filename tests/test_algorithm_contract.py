@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from algorithms.protocol import algorithm_names
+from algorithms.registry import algorithm_names
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from conftest import CONTAINER_MODULES
 from harness.errors import ConfigError

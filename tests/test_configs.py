@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from algorithms.protocol import build_optimizer
+from algorithms.registry import build_optimizer
 from harness.config import HarnessConfig, load_config, run_spec
 from harness.specs import RunSpec
 from harness.sweep.expand import expand, grid, parse_sweep

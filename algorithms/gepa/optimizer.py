@@ -23,11 +23,11 @@ from algorithms.gepa.loop import LoopState, Reservation, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
-from algorithms.protocol import OptimizerResult
+from algorithms.protocol import OptimizerResult, RunView
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
-from harness.context import BudgetExhausted, RunContext
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatResult
+from harness.run_state import BudgetExhausted
 
 
 class GepaParams(BaseModel):
@@ -96,7 +96,7 @@ class GepaOptimizer:
     def from_params(cls, params: dict[str, Any]) -> "GepaOptimizer":
         return cls(GepaParams.model_validate(params))
 
-    async def run(self, ctx: RunContext) -> OptimizerResult:
+    async def run(self, ctx: RunView) -> OptimizerResult:
         frontier = ParetoFrontier(ctx.pools.pareto)
         seed = ctx.seed_candidate
         try:
@@ -119,7 +119,7 @@ class GepaOptimizer:
         ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
         return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
 
-    async def _worker(self, ctx: RunContext, frontier: ParetoFrontier, loop: LoopState) -> None:
+    async def _worker(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
             reason = ctx.stop_reason(generation=loop.iteration)
             if reason is not None:
@@ -144,7 +144,7 @@ class GepaOptimizer:
                 break
             loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
 
-    async def _iterate(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, loop: LoopState) -> None:
+    async def _iterate(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, loop: LoopState) -> None:
         params = self.params
         k = min(params.minibatch_size, len(ctx.pools.train))
         minibatch = self._sampler.next(k)
@@ -161,7 +161,7 @@ class GepaOptimizer:
             else:
                 await self._reflect(ctx, frontier, iteration, parents[0], minibatch, reservation, loop)
 
-    async def _reflect(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parent: Candidate,
+    async def _reflect(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parent: Candidate,
                        minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
         reservation.spend(len(ctx.uncached(parent, minibatch)))
         parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
@@ -175,7 +175,7 @@ class GepaOptimizer:
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, loop, [parent_score], "proposal")
 
-    async def _judge(self, ctx: RunContext, frontier: ParetoFrontier, child: tuple[Candidate, dict[str, Any]],
+    async def _judge(self, ctx: RunView, frontier: ParetoFrontier, child: tuple[Candidate, dict[str, Any]],
                      minibatch: list[str], reservation: Reservation, loop: LoopState,
                      parent_scores: list[float | None], origin: str) -> None:
         """Score the child on the minibatch, accept it on improvement over its best parent
@@ -211,7 +211,7 @@ class GepaOptimizer:
 
     # ---- merge -----------------------------------------------------------------------
 
-    def _merge_pair(self, ctx: RunContext, frontier: ParetoFrontier) -> tuple[str, str] | None:
+    def _merge_pair(self, ctx: RunView, frontier: ParetoFrontier) -> tuple[str, str] | None:
         """Two non-dominated candidates that lead on the most rows the other does not, whose
         union of learned lines is a text not seen yet; None when there is no such pair."""
         leaders = frontier.non_dominated()
@@ -230,7 +230,7 @@ class GepaOptimizer:
                     best = (gain, a, b)
         return (best[1], best[2]) if best else None
 
-    def _merged_texts(self, ctx: RunContext, a: str, b: str) -> dict[str, str] | None:
+    def _merged_texts(self, ctx: RunView, a: str, b: str) -> dict[str, str] | None:
         """The union of learned lines of `b` into `a`, per target module; None when it adds nothing."""
         first, second = ctx.candidate(a).texts, ctx.candidate(b).texts
         merged = dict(first)
@@ -239,7 +239,7 @@ class GepaOptimizer:
             merged[field] = union(first[field], second[field], self.params.max_learned_lines)
         return merged if merged != first else None
 
-    async def _merge(self, ctx: RunContext, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],
+    async def _merge(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],
                      minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
         scores = []
         for parent in parents:
@@ -259,7 +259,7 @@ class GepaOptimizer:
     # ---- reflection ---------------------------------------------------------------------
 
     async def _propose(
-        self, ctx: RunContext, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
+        self, ctx: RunView, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
         iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
         params = self.params

@@ -1,5 +1,5 @@
 """The bridge between the `gepa` library, which runs synchronously in a worker thread,
-and the run's event loop, which owns the RunContext.
+and the run's event loop, which owns the run context.
 
 Everything that touches the context runs on the loop (`Bridge.call` submits a coroutine
 and waits), so the context is only ever used from one thread. The bridge is also the
@@ -21,10 +21,11 @@ from gepa.strategies.instruction_proposal import InstructionProposalSignature
 
 from algorithms.gepa.proposer import task_context
 from algorithms.gepa_ai.params import GepaLibraryParams
+from algorithms.protocol import RunView
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
-from harness.context import BudgetExhausted, RunContext
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatMessage, ChatResult
+from harness.run_state import BudgetExhausted
 
 T = TypeVar("T")
 
@@ -65,7 +66,7 @@ class _Iteration:
 
 
 class Bridge:
-    def __init__(self, ctx: RunContext, loop: asyncio.AbstractEventLoop, params: GepaLibraryParams):
+    def __init__(self, ctx: RunView, loop: asyncio.AbstractEventLoop, params: GepaLibraryParams):
         self.ctx = ctx
         self.loop = loop
         self.params = params

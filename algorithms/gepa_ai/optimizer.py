@@ -2,7 +2,7 @@
 the same container client, evaluation choke point, proposer endpoint and budget as our GEPA.
 
 The library is synchronous: it runs in a worker thread and reaches the run through the
-bridge (rollouts via `RunContext.evaluate`, reflection via `RunContext.propose`, both on
+bridge (rollouts via `RunView.evaluate`, reflection via `RunView.propose`, both on
 the run's event loop). Train minibatches come from the train pool and the library's
 valset is the pareto pool, so both GEPA arms select on the same rows.
 
@@ -25,9 +25,8 @@ from gepa.core.result import GEPAResult
 from algorithms.gepa_ai.adapter import HarnessAdapter, TaskIdLoader
 from algorithms.gepa_ai.bridge import Bridge, Halt
 from algorithms.gepa_ai.params import GepaLibraryParams
-from algorithms.protocol import OptimizerResult
+from algorithms.protocol import OptimizerResult, RunView
 from harness.candidates import digest_of
-from harness.context import RunContext
 from harness.errors import HarnessError
 
 
@@ -45,7 +44,7 @@ class GepaLibraryOptimizer:
     def from_params(cls, params: dict[str, Any]) -> "GepaLibraryOptimizer":
         return cls(GepaLibraryParams.model_validate(params))
 
-    async def run(self, ctx: RunContext) -> OptimizerResult:
+    async def run(self, ctx: RunView) -> OptimizerResult:
         bridge = Bridge(ctx, asyncio.get_running_loop(), self.params)
         budget = ctx.rollouts_left
         error: BaseException | None = None
@@ -77,7 +76,7 @@ class GepaLibraryOptimizer:
                   library_metric_calls=result.total_metric_calls, rollouts=ctx.usage.rollouts)
         return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=bridge.completed_iterations)
 
-    def _optimize(self, ctx: RunContext, bridge: Bridge, budget: int) -> GEPAResult | None:
+    def _optimize(self, ctx: RunView, bridge: Bridge, budget: int) -> GEPAResult | None:
         """The library's run, in the worker thread. None when the seed could not be scored."""
         p = self.params
         try:
@@ -108,7 +107,7 @@ class GepaLibraryOptimizer:
             return None
 
     @staticmethod
-    def _map_tree(ctx: RunContext, bridge: Bridge, result: GEPAResult) -> str:
+    def _map_tree(ctx: RunView, bridge: Bridge, result: GEPAResult) -> str:
         """Our id for each library candidate, the library's parents written into the
         candidates table where they differ from what was known at creation, origin
         `library` for every candidate in the library's pool; returns the best's id."""
@@ -141,7 +140,7 @@ class GepaLibraryOptimizer:
         return ids[result.best_idx]
 
     @staticmethod
-    def _failure(ctx: RunContext, bridge: Bridge, exc: BaseException) -> HarnessError:
+    def _failure(ctx: RunView, bridge: Bridge, exc: BaseException) -> HarnessError:
         if isinstance(exc, HarnessError):
             return exc
         ctx.event("library_error", f"{type(exc).__name__}: {exc}",
