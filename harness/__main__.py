@@ -16,12 +16,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from harness.config import HarnessConfig, load_config, run_spec
+from harness.config import CONFIG_DIR, HarnessConfig, load_config, run_spec
 from harness.errors import HarnessError
 from harness.tracking.hooks import open_target
 from harness.tracking.settings import MlflowTarget
-
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 
 def run_single(config: HarnessConfig, console: Console) -> int:

@@ -14,6 +14,8 @@ from harness.services import LocalServerOptions
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, PoolSpec, RunSpec
 from harness.tracking.settings import TrackingConfig
 
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the Hydra config tree
+
 
 class PoolsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -231,8 +231,7 @@ def _container_spec(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.__main__ import CONFIG_DIR
-    from harness.config import load_config
+    from harness.config import CONFIG_DIR, load_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=["models=scripted", *overrides])
