@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.charts import build_charts
-from benchmarks.report.configs import config_labels, run_config
+from harness.evidence.configs import config_labels, run_config
 from benchmarks.report.style import integer_ticks, lift_limit, palette
 from conftest import container_spec, run_cli
 from faults import small_spec

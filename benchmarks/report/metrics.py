@@ -29,7 +29,7 @@ Definitions (the published table's, made exact):
   >= on heldout and <= on cost and time, strictly better on one. Unknown cost/time count as +inf.
   Per cell: number of front points and their share of the task's front (pooled over seeds).
 - cells: task x stack x the sweep's other axes (for a folder of single runs, also ``config``:
-  what differs between their resolved specs, configs.py); seeds are replicates. Per cell the
+  what differs between their resolved specs, harness/evidence/configs.py); seeds are replicates. Per cell the
   mean over runs and a 95% percentile bootstrap CI over runs (fixed resample plan); a cell with
   one run has no interval (``lo``/``hi`` null, flagged ``n=1``).
 - seed noise floor: the same seed prompt on the same rows scores differently from run to run

@@ -95,7 +95,7 @@ def run_dirs(path: str | Path) -> list[Path]:
 def read_run(run_dir: str | Path) -> RunRecord:
     """The record of one run; ExportError when its evidence is unreadable or was changed
     after the run wrote it (the tables' sha256 against the manifest's)."""
-    from benchmarks.report.io import ReportError, read_manifest, verify_files
+    from harness.evidence.reader import EvidenceError, read_manifest, verify_files
 
     folder = Path(run_dir).resolve()
     try:
@@ -108,7 +108,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
         candidates = pl.read_parquet(folder / "candidates.parquet", columns=["candidate_id", "modules_json"])
         proposals = pl.read_parquet(folder / "proposals.parquet", columns=[
             "proposal_id", "child_id", "parent_minibatch_score", "child_minibatch_score"])
-    except ReportError as exc:
+    except EvidenceError as exc:
         raise ExportError(str(exc)) from exc
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise ExportError(f"{folder}: unreadable evidence: {str(exc).splitlines()[0]}") from exc

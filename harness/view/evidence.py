@@ -10,9 +10,11 @@ from typing import Any, Literal
 
 import polars as pl
 
-from benchmarks.report.io import ReportError, check_parquet_version, expected_grid, read_manifest, verify_files
-from benchmarks.report.io import Target as ReportTarget
 from harness.errors import HarnessError
+from harness.evidence.reader import (
+    EvidenceError, check_parquet_version, expected_grid, read_manifest, recorded_thresholds, verify_files,
+)
+from harness.evidence.reader import Target as ReportTarget
 from harness.evidence.schema import TABLES
 from harness.evidence.writer import MANIFEST
 
@@ -62,8 +64,6 @@ def locate(path: str | Path) -> Target:
 
 def _threshold(run_dir: Path, manifest: dict[str, Any]) -> float:
     """The container's solved threshold as the sweep recorded it (sweep.json), else 1.0."""
-    from benchmarks.report.io import recorded_thresholds
-
     container = ((manifest.get("spec") or {}).get("container") or {}).get("name")
     return recorded_thresholds(run_dir.parent).get(str(container), 1.0)
 
@@ -80,7 +80,7 @@ def check_run(run_dir: str | Path) -> dict[str, Any]:
             check_parquet_version(root / name)  # another version: say so, not "changed"
         verify_files(root, manifest)
         return manifest
-    except ReportError as exc:
+    except EvidenceError as exc:
         raise ViewError(str(exc)) from exc
 
 
@@ -100,12 +100,12 @@ def sweep_runs(sweep_dir: Path) -> list[dict[str, str]]:
     """The sweep's expected runs (sweep.json's grid, else the run folders), each with its axes."""
     try:
         return expected_grid(ReportTarget(sweep_dir))
-    except ReportError as exc:
+    except EvidenceError as exc:
         raise ViewError(str(exc)) from exc
 
 
 def run_manifest(run_dir: Path) -> dict[str, Any] | None:
     try:
         return read_manifest(run_dir)
-    except ReportError as exc:
+    except EvidenceError as exc:
         raise ViewError(str(exc)) from exc
