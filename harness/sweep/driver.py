@@ -182,11 +182,17 @@ def _print_tracking(console: Console, tracking: MlflowTarget | None, notes: dict
 
 def _write_summary(sweep_dir: str, console: Console) -> None:
     """Every sweep ends with its summary; a report problem is reported, not fatal."""
-    from benchmarks.report import ReportError, write_report
+    from harness.evidence.reader import EvidenceError
+    from harness.evidence.summary import summary_writer
 
+    write_report = summary_writer()
+    if write_report is None:
+        console.print("report not written: no report is installed (pip install -e .)", style="yellow",
+                      highlight=False, markup=False)
+        return
     try:
         paths = write_report(sweep_dir)
-    except ReportError as exc:
+    except EvidenceError as exc:
         console.print(f"report not written: {exc}", style="yellow", highlight=False)
         return
     except Exception as exc:  # noqa: BLE001 - the runs' evidence is complete; the summary can be regenerated
