@@ -3,7 +3,8 @@ benchmarks.report PATH`` for a sweep, a folder of single runs or one run. Defini
 benchmarks.report.metrics (cells, noise floor), trace (a run's trace), conclusions (titles)."""
 
 from benchmarks.report.io import ReportError, SchemaVersionError
-from benchmarks.report.pipeline import ReportFrames, ReportOptions, ReportPaths, compute_report, write_report
+from benchmarks.report.frames import ReportFrames, ReportOptions
+from benchmarks.report.pipeline import ReportPaths, compute_report, write_report
 
 __all__ = ["ReportError", "ReportFrames", "ReportOptions", "ReportPaths", "SchemaVersionError", "compute_report",
            "write_report"]

@@ -20,7 +20,7 @@ from benchmarks.report.conclusions import SWEEP_CHARTS, proposer_column, sentenc
 from benchmarks.report.trace_chart import trace_figure
 
 if TYPE_CHECKING:
-    from benchmarks.report.pipeline import ReportFrames
+    from benchmarks.report.frames import ReportFrames
 
 PICK_LIFT = "pick heldout - this run's seed heldout (lift)"
 BEST_LIFT = "best heldout so far - this run's seed heldout\n(picked on heldout: test-set selection)"

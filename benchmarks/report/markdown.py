@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from benchmarks.report.pipeline import ReportFrames
+    from benchmarks.report.frames import ReportFrames
 
 
 def _num(value: float) -> str:

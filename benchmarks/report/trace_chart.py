@@ -15,7 +15,7 @@ from benchmarks.report import style
 from benchmarks.report.conclusions import sentence
 
 if TYPE_CHECKING:
-    from benchmarks.report.pipeline import ReportFrames
+    from benchmarks.report.frames import ReportFrames
 
 REJECTED = "#d62728"
 
