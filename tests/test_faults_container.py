@@ -28,6 +28,7 @@ import pytest
 from fastapi import HTTPException
 
 from benchmarks.containers.chaos import FAULT_KINDS, Chaos, FaultPlan
+from benchmarks.containers.kit import RolloutEnv
 from conftest import run_cli
 from faults import (
     chaos_spec,
@@ -38,7 +39,7 @@ from faults import (
     run_on,
     small_spec,
 )
-from harness.contract import PolicyBlock, RolloutRequest
+from harness.contract import PolicyBlock, RolloutRequest, RolloutResponse
 from harness.services import Services
 
 pytestmark = pytest.mark.timeout(300)
@@ -101,12 +102,19 @@ def test_the_journal_keeps_attempt_counts_across_a_restart(data_dir: Path, tmp_p
         container.configure(parser.parse_args([*flags, *extra]))
         return container
 
+    async def rollout(container: Chaos) -> RolloutResponse:
+        async with httpx.AsyncClient() as http:
+            return await container.rollout(request, {"text": "x", "label": "y"}, RolloutEnv(http=http))
+
     journal = str(tmp_path / "journal.txt")
     with pytest.raises(HTTPException):
-        asyncio.run(lifetime("--journal", journal).rollout(request, {}, None))  # type: ignore[arg-type]
-    assert asyncio.run(lifetime("--journal", journal).rollout(request, {}, None)) is None  # type: ignore[arg-type]
+        asyncio.run(rollout(lifetime("--journal", journal)))
+    restarted = lifetime("--journal", journal)
+    served = asyncio.run(rollout(restarted))
+    # Banking77's own rollout answered: the candidate lacks its field, so an error row, no fault
+    assert not restarted.injected and served.status == "error" and "stage2_system" in (served.error or "")
     with pytest.raises(HTTPException):  # without a journal a new process faults it again
-        asyncio.run(lifetime().rollout(request, {}, None))  # type: ignore[arg-type]
+        asyncio.run(rollout(lifetime()))
 
 
 # ---------------------------------------------------------------- transient: retried, capped

@@ -13,16 +13,17 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, build_app
+from benchmarks.containers.kit import (
+    PROGRAM_VERSION, ChatMessage, PolicyResult, ProgramModule, ProgramResponse, RolloutRequest, Row, SingleCallContainer,
+    build_app,
+)
 from harness.client import ContainerClient
-from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse, RolloutRequest
-from harness.llm import ChatMessage
 from harness.outcome import judge
 
 from conftest import ServerThread
 
 
-class Sums(TaskContainer):
+class Sums(SingleCallContainer):
     """Add two numbers; row 2's scorer is broken, row 3's renderer is."""
 
     taskset_id = "sums"
@@ -122,3 +123,27 @@ def test_a_score_error_answers_200_without_a_reward(served) -> None:
     assert response.status_code == 200
     payload = response.json()
     assert payload["status"] == "error" and payload["reward_info"] is None and payload["error_kind"] == "fatal"
+
+
+def test_the_kit_is_the_one_import_of_a_container() -> None:
+    """Every name the kit exports exists, the contract's types are the harness's own, and each
+    reference container is exactly one of the two kinds (no dead score, no default rollout)."""
+    import benchmarks.containers.kit as kit
+    import harness.contract as contract
+    from benchmarks.containers.banking77 import Banking77
+    from benchmarks.containers.chaos import Chaos
+    from benchmarks.containers.healthbench import HealthBench
+    from benchmarks.containers.heart_disease import HeartDisease
+    from benchmarks.containers.hotpotqa import HotpotQA
+    from benchmarks.containers.instant import InstantBanking77
+    from benchmarks.containers.tau2_retail import Tau2Retail
+
+    assert [name for name in kit.__all__ if not hasattr(kit, name)] == []
+    assert kit.RolloutResponse is contract.RolloutResponse and kit.ProgramModule is contract.ProgramModule
+    single = (Banking77, Chaos, HeartDisease, HotpotQA, InstantBanking77)
+    assert all(issubclass(c, kit.SingleCallContainer) and not issubclass(c, kit.MultiStepContainer) for c in single)
+    multi = (HealthBench, Tau2Retail)
+    assert all(issubclass(c, kit.MultiStepContainer) and not hasattr(c, "score") for c in multi)
+    with pytest.raises(TypeError, match="score"):  # a single-call container must score
+        type("NoScore", (kit.SingleCallContainer,), {"load_splits": Sums.load_splits, "program": Sums.program,
+                                                     "render": Sums.render})()

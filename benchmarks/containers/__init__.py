@@ -1,1 +1,1 @@
-"""Reference task containers: small HTTP services speaking the task contract (see kit.py)."""
+"""Reference task containers: small HTTP services speaking the task contract (see kit/)."""

@@ -12,9 +12,9 @@ import random
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve
-from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
-from harness.llm import ChatMessage
+from benchmarks.containers.kit import (
+    PROGRAM_VERSION, ChatMessage, PolicyResult, ProgramModule, ProgramResponse, Row, SingleCallContainer, serve,
+)
 
 _BASE = "https://raw.githubusercontent.com/PolyAI-LDN/task-specific-datasets/master/banking_data"
 # sha256 of the upstream files at commit 57ec275d (see shared/datasets/banking77/PROVENANCE.md).
@@ -59,7 +59,7 @@ def _canon(text: str) -> str:
     return normalize_label(text).rstrip("?")
 
 
-class Banking77(TaskContainer):
+class Banking77(SingleCallContainer):
     taskset_id = "banking77"
     name = "Banking77 intent classification"
     source = "https://github.com/PolyAI-LDN/task-specific-datasets (banking_data, CC BY 4.0)"

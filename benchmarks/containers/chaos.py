@@ -37,8 +37,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from benchmarks.containers.banking77 import Banking77
-from benchmarks.containers.kit import Row, RolloutEnv, serve
-from harness.contract import RewardInfo, RolloutRequest, RolloutResponse, Usage
+from benchmarks.containers.kit import RewardInfo, RolloutEnv, RolloutRequest, RolloutResponse, Row, Usage, serve
 
 FAULT_KINDS = ("500", "hang", "malformed", "no_reward", "wrong_id")
 # faults the harness's client retries (a second attempt gets a real answer); the others
@@ -120,28 +119,28 @@ class Chaos(Banking77):
             if self._journal.exists():
                 self._attempts.update(self._journal.read_text().split())
 
-    async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse | None:
+    async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse:
         self.received += 1
         if self.plan.die_after is not None and self.received > self.plan.die_after:
             _say(f"chaos: exiting after {self.plan.die_after} rollouts")
             os._exit(DIE_EXIT_CODE)
         kind = self.plan.fault_for(req.rollout_id)
         if kind is None:
-            return None  # the Banking77 rollout
+            return await super().rollout(req, row, env)  # the Banking77 rollout
         self._attempts[req.rollout_id] += 1
         attempt = self._attempts[req.rollout_id]
         if self._journal is not None:
             with self._journal.open("a") as journal:
                 journal.write(req.rollout_id + "\n")
         if not self.plan.fails_attempt(attempt):
-            return None
+            return await super().rollout(req, row, env)
         self.injected[kind] += 1
         _say(f"chaos: injected {kind} rollout={req.rollout_id} attempt={attempt}")
         if kind == "500":
             raise HTTPException(500, "chaos: injected server error")
         if kind == "hang":
             await asyncio.sleep(self.plan.hang_s)
-            return None
+            return await super().rollout(req, row, env)
         if kind == "malformed":
             raise _MalformedBody(req.rollout_id)
         if kind == "no_reward":

@@ -30,30 +30,29 @@ from benchmarks.containers.healthbench_grader import (
     parse_verdict,
 )
 from benchmarks.containers.kit import (
-    PolicyResult,
-    Row,
-    RolloutEnv,
-    TaskContainer,
-    failed_response,
-    policy_endpoint,
-    request_seed,
-    seeded_split,
-    serve,
-)
-from harness.contract import (
     PROGRAM_VERSION,
+    ChatClient,
+    ChatMessage,
+    HarnessError,
+    MultiStepContainer,
     ProgramModule,
     ProgramResponse,
     RewardInfo,
+    RolloutEnv,
     RolloutRequest,
     RolloutResponse,
+    Row,
     SideInfo,
     Usage,
+    cost_usd,
+    failed_response,
+    policy_endpoint,
+    request_seed,
     role_url,
+    seeded_split,
+    serve,
+    user_text,
 )
-from harness.errors import HarnessError
-from harness.llm import ChatClient, ChatMessage
-from harness.pricing import cost_usd
 
 URL = ("https://raw.githubusercontent.com/aisa-group/PostTrainBench/9082063a62e10e040f1acacdec2ccfc1467e0c00/"
        "src/eval/tasks/healthbench/evaluation_code/data/healthbench.jsonl")
@@ -133,7 +132,7 @@ def feedback_text(score: float, achieved: float, total: float, verdicts: list[Ve
     return " ".join(parts)
 
 
-class HealthBench(TaskContainer):
+class HealthBench(MultiStepContainer):
     taskset_id = "healthbench"
     name = "HealthBench (PostTrainBench Easy V3 subset) rubric-graded health conversations"
     source = "https://github.com/openai/simple-evals (HealthBench, MIT) via aisa-group/PostTrainBench"
@@ -193,8 +192,9 @@ class HealthBench(TaskContainer):
         turns = [ChatMessage(role=m["role"], content=m["content"]) for m in row["prompt"]]
         return [ChatMessage(role="system", content=candidate["stage1_system"]), *turns]
 
-    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
-        raise NotImplementedError("healthbench scores in rollout(): the grader is a model call")
+    def reflection_input(self, row: Row) -> str | None:
+        """The conversation so far, as the policy sees it under the seed prompt."""
+        return user_text(self.render(self.seed_texts(), row))
 
     def grader_client(self, req: RolloutRequest, env: RolloutEnv) -> tuple[ChatClient, str]:
         """(client, provider for pricing): the configured grader, else the rollout's policy."""

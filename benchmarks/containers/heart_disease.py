@@ -10,9 +10,10 @@ import string
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve, seeded_split
-from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
-from harness.llm import ChatMessage
+from benchmarks.containers.kit import (
+    PROGRAM_VERSION, ChatMessage, PolicyResult, ProgramModule, ProgramResponse, Row, SingleCallContainer, seeded_split,
+    serve,
+)
 
 URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/heart-disease/processed.cleveland.data"
 SHA256 = "a74b7efa387bc9d108d7d0115d831fe9b414b29ae7124f331b622b4efa0427c8"
@@ -114,7 +115,7 @@ def _parse(value: str) -> float | None:
     return None if value.strip() == "?" else float(value)
 
 
-class HeartDisease(TaskContainer):
+class HeartDisease(SingleCallContainer):
     taskset_id = "heart_disease"
     name = "UCI Heart Disease (Cleveland) diagnosis"
     source = "https://archive.ics.uci.edu/dataset/45/heart+disease (processed.cleveland.data)"

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.containers.data import DatasetError, dataset_file
-from benchmarks.containers.kit import PolicyResult, Row, TaskContainer, serve, seeded_split
-from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse
-from harness.llm import ChatMessage
+from benchmarks.containers.kit import (
+    PROGRAM_VERSION, ChatMessage, PolicyResult, ProgramModule, ProgramResponse, Row, SingleCallContainer, seeded_split,
+    serve,
+)
 
 # acmyu/CS592LLM-Project data/hotpot_dev_distractor_v1_100.json (103 examples, git blob
 # 3d143d23...); see shared/datasets/hotpotqa/PROVENANCE.md. The sha256 is of those exact bytes.
@@ -132,7 +133,7 @@ def supporting_sentences(row: Row) -> list[str]:
     return out
 
 
-class HotpotQA(TaskContainer):
+class HotpotQA(SingleCallContainer):
     taskset_id = "hotpotqa"
     name = "HotpotQA (distractor) multi-hop QA"
     source = "https://hotpotqa.github.io (dev distractor, first 103 examples; CC BY-SA 4.0)"

@@ -11,15 +11,16 @@ Run: `python -m benchmarks.containers.instant --port 8124`.
 from __future__ import annotations
 
 from benchmarks.containers.banking77 import Banking77
-from benchmarks.containers.kit import Row, RolloutEnv, policy_result, serve
-from harness.contract import RewardInfo, RolloutRequest, RolloutResponse, SideInfo, Usage
+from benchmarks.containers.kit import (
+    RewardInfo, RolloutEnv, RolloutRequest, RolloutResponse, Row, SideInfo, Usage, policy_result, serve,
+)
 from harness.scripted_model import RulesScript
 
 
 class InstantBanking77(Banking77):
     name = "Banking77 with an in-process instant policy"
 
-    async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse | None:
+    async def rollout(self, req: RolloutRequest, row: Row, env: RolloutEnv) -> RolloutResponse:
         messages = [m.model_dump() for m in self.render(req.candidate, row)]
         answer = RulesScript().reply(messages, "policy")
         reward, feedback = self.score(row, policy_result(answer))

@@ -14,13 +14,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from benchmarks.containers.kit import (
-    PolicyResult,
-    Row,
+    PROGRAM_VERSION,
+    HarnessError,
+    MultiStepContainer,
+    ProgramModule,
+    ProgramResponse,
+    RewardInfo,
     RolloutEnv,
-    TaskContainer,
+    RolloutRequest,
+    RolloutResponse,
+    Row,
+    SideInfo,
+    Usage,
+    cost_usd,
     failed_response,
     policy_endpoint,
     request_seed,
+    role_url,
 )
 from benchmarks.containers.tau2_retail.chat import ToolChatClient
 from benchmarks.containers.tau2_retail.data import RetailData
@@ -35,20 +45,6 @@ from benchmarks.containers.tau2_retail.episode import (
 )
 from benchmarks.containers.tau2_retail.scoring import GoldState, Verdict, replay_gold, score_episode
 from benchmarks.containers.tau2_retail.tools import TOOL_SCHEMAS, RetailTools
-from harness.contract import (
-    PROGRAM_VERSION,
-    ProgramModule,
-    ProgramResponse,
-    RewardInfo,
-    RolloutRequest,
-    RolloutResponse,
-    SideInfo,
-    Usage,
-    role_url,
-)
-from harness.errors import HarnessError
-from harness.llm import ChatMessage
-from harness.pricing import cost_usd
 
 
 class UserSimSettings(BaseModel):
@@ -61,7 +57,7 @@ class UserSimSettings(BaseModel):
     provider: str = "openai_compatible"
 
 
-class Tau2Retail(TaskContainer):
+class Tau2Retail(MultiStepContainer):
     taskset_id = "tau2_retail"
     name = "tau2-bench retail customer service (agent with tools, simulated user)"
     source = "https://github.com/sierra-research/tau2-bench (data/tau2/domains/retail, MIT)"
@@ -120,18 +116,12 @@ class Tau2Retail(TaskContainer):
             seed_candidate={"domain_policy": policy},
         )
 
-    def render(self, candidate: dict[str, str], row: Row) -> list[ChatMessage]:
-        return [ChatMessage(role="system", content=agent_system_prompt(candidate["domain_policy"]))]
-
     def reflection_input(self, row: Row) -> str | None:
         """The customer's request: the agent meets it only through the simulated user."""
         instructions = (row.get("user_scenario") or {}).get("instructions")
         if isinstance(instructions, dict):
             instructions = instructions.get("reason_for_call")
         return f"Customer's request: {instructions}" if isinstance(instructions, str) and instructions else None
-
-    def score(self, row: Row, result: PolicyResult) -> tuple[float, str]:
-        raise NotImplementedError("tau2_retail scores a whole episode in rollout()")
 
     async def gold_state(self, row: Row) -> GoldState:
         """The expected database after the task's actions (cached by the actions' content)."""
