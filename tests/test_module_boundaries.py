@@ -50,7 +50,8 @@ def test_no_import_circle(graph: grimp.ImportGraph) -> None:
     try:
         sorter.prepare()
     except CycleError as exc:
-        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}", pytrace=False)
+        # CycleError lists each module before the one that imports it: reversed, A -> B reads "A imports B"
+        pytest.fail(f"import circle: {' -> '.join(reversed(exc.args[1]))}", pytrace=False)
 
 
 def test_the_harness_never_imports_benchmarks(graph: grimp.ImportGraph) -> None:
@@ -79,6 +80,16 @@ def test_only_the_registry_and_protocol_of_algorithms_are_imported_from_outside(
 def test_the_report_reads_only_evidence_from_the_harness(graph: grimp.ImportGraph) -> None:
     wrong = [pair for pair in _imports(graph, "benchmarks.report")
              if _under(pair[1], "harness") and not _under(pair[1], "harness.evidence")]
+    assert wrong == []
+
+
+RUN_MACHINERY = ("harness.context", "harness.run", "harness.sweep", "harness.services", "harness.gateway",
+                 "harness.evidence")
+
+
+def test_containers_never_import_algorithms_or_the_run_machinery(graph: grimp.ImportGraph) -> None:
+    wrong = [pair for pair in _imports(graph, "benchmarks.containers")
+             if any(_under(pair[1], forbidden) for forbidden in ("algorithms", *RUN_MACHINERY))]
     assert wrong == []
 
 
