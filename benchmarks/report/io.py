@@ -15,9 +15,8 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from harness.evidence.reader import (  # also the report's public names for them
-    SWEEP_JSON, EvidenceError, SchemaVersionError, Target, check_parquet_version, expected_grid, first_line,
-    read_manifest, recorded_thresholds, verify_files,
+from harness.evidence.reader import (
+    EvidenceError, Target, check_parquet_version, expected_grid, first_line, read_manifest, verify_files,
 )
 from harness.evidence.schema import CANDIDATES, PROPOSALS, ROLLOUTS
 from harness.evidence.writer import MANIFEST

@@ -13,6 +13,7 @@ import polars as pl
 from benchmarks.report import conclusions, io, metrics, trace
 from benchmarks.report.frames import ReportFrames, ReportOptions
 from benchmarks.report.markdown import render_markdown
+from harness.evidence.reader import recorded_thresholds
 
 ENGINE = "streaming"
 
@@ -83,7 +84,7 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the evidence alone; ``sweep_dir`` may
     also be one run's directory (a report of that run). Per-task thresholds the sweep recorded
     (a container's `solved_threshold`) apply unless `task_thresholds` names the task."""
-    per_task = {**io.recorded_thresholds(io.locate(sweep_dir).root), **(task_thresholds or {})}
+    per_task = {**recorded_thresholds(io.locate(sweep_dir).root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),
                             resamples=resamples, ci_seed=ci_seed)
     frames = compute_report(sweep_dir, options)
