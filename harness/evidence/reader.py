@@ -104,7 +104,7 @@ def recorded_thresholds(sweep_dir: str | Path) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Target:
-    """What a report covers: the runs of ``root`` (a sweep, or a folder of single runs such as
+    """Which runs are read: those of ``root`` (a sweep, or a folder of single runs such as
     ``evidence/local``), or only ``run_ids`` when the path given was one run's directory."""
     root: Path
     run_ids: tuple[str, ...] | None = None

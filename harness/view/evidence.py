@@ -14,7 +14,7 @@ from harness.errors import HarnessError
 from harness.evidence.reader import (
     EvidenceError, check_parquet_version, expected_grid, read_manifest, recorded_thresholds, verify_files,
 )
-from harness.evidence.reader import Target as ReportTarget
+from harness.evidence.reader import Target as EvidenceTarget
 from harness.evidence.schema import TABLES
 from harness.evidence.writer import MANIFEST
 
@@ -99,7 +99,7 @@ def load_run(run_dir: str | Path) -> RunEvidence:
 def sweep_runs(sweep_dir: Path) -> list[dict[str, str]]:
     """The sweep's expected runs (sweep.json's grid, else the run folders), each with its axes."""
     try:
-        return expected_grid(ReportTarget(sweep_dir))
+        return expected_grid(EvidenceTarget(sweep_dir))
     except EvidenceError as exc:
         raise ViewError(str(exc)) from exc
 
