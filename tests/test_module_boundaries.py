@@ -1,5 +1,5 @@
 """The import picture, enforced: no circle among the project's modules, and the package
-rules README.md's ARCHITECTURE section states. The graph is grimp's (TYPE_CHECKING imports
+rules README.md's Architecture section states. The graph is grimp's (TYPE_CHECKING imports
 and imports inside functions count: a lazy import is still a dependency)."""
 
 from __future__ import annotations
