@@ -53,6 +53,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.errors import first_error
 from harness.processes import ManagedProcess, ServiceHandle, free_port
 
 PROPOSER_MARKER = "You improve prompts"
@@ -361,9 +362,8 @@ def make_script(name: str, replies: list[str] | None = None) -> Script:
         try:
             flaky_options = FlakyOptions.model_validate(options)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"script {name!r}: option {where!r}: {first['msg'].removeprefix('Value error, ')}") from exc
+            error = first_error(exc)
+            raise ValueError(f"script {name!r}: option {error.where!r}: {error.message}") from exc
         script: Script = FlakyScript(replies, flaky_options)
     elif options:
         raise ValueError(f"script {base!r} takes no options but latency_s (got {query!r})")
