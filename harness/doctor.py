@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.client import ContainerClient
 from harness.contract import GEPA_OPTIMIZER_CONTRACT, PolicyBlock, ProgramResponse, RolloutRequest
 from harness.errors import ConfigError, ContractViolation, HarnessError, ServiceError, Unreachable
-from harness.llm import RetryPolicy
+from harness.retry import RetryPolicy
 from harness.outcome import judge
 from harness.preflight import optimizer_contract_problem, program_problems
 

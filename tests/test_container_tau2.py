@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from benchmarks.containers.kit import RolloutEnv, build_app
 from benchmarks.containers.tau2_retail import Tau2Retail
-from benchmarks.containers.tau2_retail.chat import ChatTurn, _parse_calls
+from benchmarks.containers.tau2_retail.chat import ChatTurn, parse_tool_calls
 from benchmarks.containers.tau2_retail.data import RetailData, db_hash
 from benchmarks.containers.tau2_retail.episode import FIRST_AGENT_MESSAGE, USER_GUIDELINES, user_instructions
 from benchmarks.containers.tau2_retail.scoring import action_matches, communicated, replay_gold, score_episode
@@ -232,7 +232,7 @@ def test_copy_on_access_db_equals_a_full_copy(retail: RetailData) -> None:
 
 
 def test_tool_call_parsing_tolerates_local_servers() -> None:
-    calls = _parse_calls([
+    calls = parse_tool_calls([
         {"function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}},  # object, no id
         {"id": "c2", "function": {"name": "calculate", "arguments": "{not json"}},
         {"id": "c3", "function": {"name": "list_all_product_types", "arguments": ""}},

@@ -30,7 +30,7 @@ from harness.contract import (
     RolloutRequest,
 )
 from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError, Unreachable
-from harness.llm import RetryPolicy
+from harness.retry import RetryPolicy
 from harness.services import Services
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.02)

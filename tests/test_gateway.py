@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ServerThread
 from gateway_fakes import FakeUpstream, chat_body
-from harness.gateway.limiter import retry_after_s
+from harness.retry import retry_after_s
 from harness.gateway.models import GatewaySettings, LimitSettings, RunSpend, Upstream
 from harness.gateway.server import GatewayThread
 from harness.gateway.service import upstream_name

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatClient, ChatMessage, ChatResult, RetryPolicy
+from harness.llm import ChatClient, ChatMessage, ChatResult
+from harness.retry import RetryPolicy
 from harness.scripted_model import (
     CURRENT_CLOSE,
     CURRENT_OPEN,
