@@ -7,8 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.report import configs
+from harness.atomic import atomic_write
 from harness.evidence.schema import CANDIDATES, PROPOSALS, ROLLOUTS, SCHEMA_METADATA_KEY, SCHEMA_VERSION
 from harness.evidence.writer import MANIFEST
 
@@ -280,14 +280,8 @@ def rounded(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(pl.col(pl.Float64).round(FLOAT_DIGITS))
 
 
-def _atomic(path: Path, write: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
+def _atomic(path: Path, content: bytes | Callable[[str], None]) -> Path:
+    atomic_write(path, content)  # a failed write (disk full) leaves nothing behind
     return path
 
 
@@ -302,8 +296,8 @@ def _clean(value: Any) -> Any:
 def write_json(frame: pl.DataFrame, path: Path, **extra: Any) -> Path:
     rows = [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
     body = json.dumps({**extra, "rows": rows}, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    return _atomic(path, lambda p: p.write_text(body))
+    return _atomic(path, body.encode())
 
 
 def write_text(text: str, path: Path) -> Path:
-    return _atomic(path, lambda p: p.write_text(text))
+    return _atomic(path, text.encode())
