@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("target", nargs="+", help="URL, or container=NAME [key=value ...]")
     parser.add_argument("--api-key-env", default=None, help="env var holding the container's bearer key")
     args = parser.parse_args(argv)
-    from harness.scripted_model import ScriptedModelServer
+    from harness.scripted_server import ScriptedModelServer
     from harness.services import Services
 
     first = args.target[0]

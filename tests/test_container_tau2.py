@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -31,9 +29,9 @@ from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import RolloutRequest, RolloutResponse
 from harness.preflight import preflight
-from harness.processes import free_port
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, RunSpec
+from servers import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,9 +78,8 @@ class FakeModel:
                 return self._user(body)
             return self._agent(body)
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = ServerThread(app)
+        self.port = self.server.port
 
     @property
     def base_url(self) -> str:
@@ -127,14 +124,8 @@ class FakeModel:
 @pytest.fixture(scope="module")
 def fake(retail: RetailData) -> Iterator[FakeModel]:
     model = FakeModel(retail.tasks)
-    model.thread.start()
-    for _ in range(500):
-        if model.server.started:
-            break
-        threading.Event().wait(0.01)
-    yield model
-    model.server.should_exit = True
-    model.thread.join(timeout=10)
+    with model.server:
+        yield model
 
 
 def _index(container: Tau2Retail, task_id: str) -> str:

@@ -20,7 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from conftest import CONTAINER_MODULES, ServerThread, container_spec
+from conftest import CONTAINER_MODULES, container_spec
+from servers import ServerThread
 from harness.client import ContainerClient
 from harness.contract import (
     CONTRACT_VERSION,

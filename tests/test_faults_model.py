@@ -21,7 +21,8 @@ from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.retry import RetryPolicy
 from harness.processes import free_port
-from harness.scripted_model import FLAKY_KINDS, ScriptedModelThread
+from harness.scripted_faults import FLAKY_KINDS
+from servers import ScriptedModelThread
 
 pytestmark = pytest.mark.timeout(300)
 

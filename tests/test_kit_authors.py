@@ -19,7 +19,7 @@ from harness.contract import PROGRAM_VERSION, ProgramModule, ProgramResponse, Ro
 from harness.llm import ChatMessage
 from harness.outcome import judge
 
-from conftest import ServerThread
+from servers import ServerThread
 
 
 class Sums(TaskContainer):

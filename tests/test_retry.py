@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from conftest import ServerThread
+from servers import ServerThread
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatClient, ChatMessage
 from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
