@@ -1,4 +1,5 @@
-"""Failure labels shared by the two places that retry: the container client and the model client."""
+"""Failure labels (what the retry policy acts on), the error types a user sees as one line, and
+the one reading of a pydantic error for such a line."""
 
 from __future__ import annotations
 
