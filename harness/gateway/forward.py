@@ -14,8 +14,8 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harness.gateway.ledger import Ledger, RunLedger
 from harness.errors import FailureKind
+from harness.gateway.ledger import Ledger, RunLedger
 from harness.gateway.limiter import Limiter
 from harness.gateway.models import CallRecord, GatewaySettings, Upstream
 from harness.gateway.store import ResponseStore, request_digest, sample_digest
@@ -136,7 +136,7 @@ class Gateway:
                     estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int]:
         """(status, body, headers for the caller, attempts). Retries only throttling
         (429/503), which the caller could not do better; other failures go back at once
-        to the caller's own retry loop."""
+        to the caller's own retry policy."""
         headers = {"content-type": "application/json", **upstream.headers}
         if upstream.api_key_env:
             key = self._key(upstream)
