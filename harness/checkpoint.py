@@ -7,12 +7,12 @@ goes when the run's evidence is written as done."""
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.atomic import atomic_write
 from harness.evidence.writer import EvidenceLocation
 
 CHECKPOINT_VERSION = 1
@@ -57,15 +57,7 @@ class CheckpointStore:
     def save(self, checkpoint: RunCheckpoint) -> None:
         """Raises OSError when it cannot be written; the previous checkpoint stays whole."""
         body = json.dumps(checkpoint.model_dump(mode="json"), separators=(",", ":"), default=str).encode()
-        temp = f"{self.dir}/.{self.run_id}.{uuid.uuid4().hex}.tmp"
-        self.fs.create_dir(self.dir, recursive=True)
-        try:
-            with self.fs.open_output_stream(temp) as stream:
-                stream.write(body)
-            self.fs.move(temp, self.path)
-        finally:
-            if self.fs.get_file_info(temp).type == pafs.FileType.File:
-                self.fs.delete_file(temp)
+        atomic_write(self.path, body, self.fs)
 
     def clear(self) -> None:
         try:

@@ -4,7 +4,6 @@ from a named env var, retries with backoff for transport errors, 429 and 5xx."""
 from __future__ import annotations
 
 import asyncio
-import os
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Callable, TypeVar
 
@@ -23,17 +22,10 @@ from harness.contract import (
     TasksRequest,
     TasksResponse,
 )
-from harness.errors import (
-    ConfigError,
-    ContractViolation,
-    FailureKind,
-    ServiceError,
-    Unreachable,
-    classify_status,
-    redact,
-)
+from harness.api_key import bearer_headers, read_key
+from harness.errors import ContractViolation, FailureKind, ServiceError, Unreachable, first_error, redact
 from harness.http_pool import ClientPerCall
-from harness.llm import RetryPolicy, _retry_after_seconds
+from harness.retry import AttemptFailed, RetryPolicy
 
 M = TypeVar("M", bound=BaseModel)
 # Transport errors that mean the process behind the url is gone: nothing accepts the
@@ -59,12 +51,6 @@ def _body_reason(response: httpx.Response) -> str:
             if value:
                 return (value if isinstance(value, str) else str(value))[:300]
     return response.text[:200]
-
-
-def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(body)"
-    return f"field '{location}': {first['msg']}"
 
 
 class ContainerClient:
@@ -96,12 +82,7 @@ class ContainerClient:
         return advertised
 
     def _key(self) -> str | None:
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(f"environment variable {self.api_key_env} is not set (container key for {self.base_url})")
-        return key
+        return read_key(self.api_key_env, f"container key for {self.base_url}")
 
     async def _call(self, method: str, name: str, model: type[M], body: Any = None,
                     answers: list[str] | None = None) -> M:
@@ -110,7 +91,7 @@ class ContainerClient:
         route = self.routes[name]
         url = f"{self.base_url}{route}"
         key = self._key()
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = bearer_headers(key)
         async with self._limit, self._clients.client() as http:
             return await self._attempts(http, method, route, url, model, body, headers, key,
                                         answers if answers is not None else [])
@@ -124,35 +105,33 @@ class ContainerClient:
 
     async def _attempts(self, http: httpx.AsyncClient, method: str, route: str, url: str, model: type[M], body: Any,
                         headers: dict[str, str], key: str | None, answers: list[str]) -> M:
-        last_error, kind = "no attempt made", FailureKind.TRANSIENT
         # The process was seen gone (connection refused or dropped) during this call, and the
         # last attempt also got no HTTP answer: the caller may restart it. A timeout on the
         # last attempt counts too: it may have reached a process that was still starting.
         seen_down = no_answer = False
-        for attempt in range(self.retry.attempts):
-            wait: float | None = None
+
+        async def attempt() -> M:
+            nonlocal seen_down, no_answer
             try:
                 response = await http.request(method, url, json=body, headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last_error, kind, no_answer = f"{type(exc).__name__}", FailureKind.TRANSIENT, True
-                seen_down = seen_down or isinstance(exc, _PROCESS_GONE)
-            else:
-                no_answer = False
-                if response.status_code == 200:
-                    return self._parse(route, response, model)
-                kind = classify_status(response.status_code)
-                last_error = (f"HTTP {response.status_code}: {redact(_body_reason(response), key)}"
-                              f"{self._auth_hint(response.status_code)}")
-                answers.append(last_error)
-                if kind is FailureKind.FATAL:
-                    break
-                wait = _retry_after_seconds(response)
-            if attempt + 1 < self.retry.attempts:
-                await asyncio.sleep(self.retry.delay(attempt, wait))
-        message = f"{method} {route} failed ({kind.value}): {last_error}"
-        if seen_down and no_answer:
-            raise Unreachable(message)
-        raise ServiceError(message, kind)
+                no_answer, seen_down = True, seen_down or isinstance(exc, _PROCESS_GONE)
+                raise AttemptFailed(type(exc).__name__, FailureKind.TRANSIENT) from exc
+            no_answer = False
+            if response.status_code == 200:
+                return self._parse(route, response, model)
+            error = (f"HTTP {response.status_code}: {redact(_body_reason(response), key)}"
+                     f"{self._auth_hint(response.status_code)}")
+            answers.append(error)
+            raise AttemptFailed.from_response(error, response)
+
+        try:
+            return await self.retry.run(attempt)
+        except AttemptFailed as exc:
+            message = f"{method} {route} failed ({exc.kind.value}): {exc}"
+            if seen_down and no_answer:
+                raise Unreachable(message) from None
+            raise ServiceError(message, exc.kind) from None
 
     @staticmethod
     def _parse(route: str, response: httpx.Response, model: type[M]) -> M:
@@ -163,7 +142,9 @@ class ContainerClient:
         try:
             return model.model_validate(payload)
         except ValidationError as exc:
-            raise ContractViolation(f"{route}: malformed response, {_describe(exc)}") from exc
+            error = first_error(exc)
+            raise ContractViolation(f"{route}: malformed response, field '{error.where or '(body)'}': "
+                                    f"{error.message}") from exc
 
     async def health(self) -> HealthResponse:
         return await self._call("GET", "health", HealthResponse)

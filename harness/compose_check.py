@@ -5,13 +5,13 @@ input, instead of Hydra's multi-line report with its search path."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import io
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.utils import get_args_parser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
@@ -46,11 +46,28 @@ def composition_error(argv: list[str], config_dir: str) -> str | None:
     return None
 
 
+def _hydra_command_line() -> argparse.ArgumentParser:
+    """The command line `@hydra.main` accepts, as its `--help` documents it: Hydra offers no
+    public parser, and this one is used only to find the overrides."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    for flags in (("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--run", "-r"),
+                  ("--multirun", "-m"), ("--shell-completion", "-sc")):
+        parser.add_argument(*flags, action="store_true")
+    for flags in (("--package", "-p"), ("--config-path", "-cp"), ("--config-name", "-cn"), ("--config-dir", "-cd"),
+                  ("--experimental-rerun",)):
+        parser.add_argument(*flags)
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--info", "-i", const="all", nargs="?",
+                        choices=["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"])
+    return parser
+
+
 def _overrides(argv: list[str]) -> list[str] | None:
     """The overrides of a command line Hydra would compose as given; None to leave it to Hydra."""
     with contextlib.redirect_stderr(io.StringIO()):
         try:
-            args, unknown = get_args_parser().parse_known_args(argv)
+            args, unknown = _hydra_command_line().parse_known_args(argv)
         except SystemExit:
             return None
     if unknown or any(getattr(args, flag, None) for flag in _HYDRA_ONLY_FLAGS):

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, first_error
 from harness.gateway.models import GatewaySettings
 from harness.services import LocalServerOptions
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, PoolSpec, RunSpec
@@ -67,13 +67,12 @@ class HarnessConfig(BaseModel):
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    error = first_error(exc)
     # a model-level check (e.g. Pools' overlap check) has an empty location: name the model
-    where = ".".join(str(p) for p in err["loc"]) or exc.title.lower()
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
+    where = error.where or exc.title.lower()
+    if error.kind == "extra_forbidden":
         return f"unknown config key '{where}' (misspelled?)"
-    return f"config '{where}': {message}"
+    return f"config '{where}': {error.message}"
 
 
 def load_config(raw: dict[str, Any], base_dir: str | None = None) -> HarnessConfig:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.client import ContainerClient
 from harness.contract import GEPA_OPTIMIZER_CONTRACT, PolicyBlock, ProgramResponse, RolloutRequest
 from harness.errors import ConfigError, ContractViolation, HarnessError, ServiceError, Unreachable
-from harness.llm import RetryPolicy
+from harness.retry import RetryPolicy
 from harness.outcome import judge
 from harness.preflight import optimizer_contract_problem, program_problems
 
@@ -252,7 +252,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("target", nargs="+", help="URL, or container=NAME [key=value ...]")
     parser.add_argument("--api-key-env", default=None, help="env var holding the container's bearer key")
     args = parser.parse_args(argv)
-    from harness.scripted_model import ScriptedModelServer
+    from harness.scripted_server import ScriptedModelServer
     from harness.services import Services
 
     first = args.target[0]

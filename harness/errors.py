@@ -1,8 +1,12 @@
-"""Failure labels shared by the two places that retry: the container client and the model client."""
+"""Failure labels (what the retry policy acts on), the error types a user sees as one line, and
+the one reading of a pydantic error for such a line."""
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import NamedTuple
+
+from pydantic import ValidationError
 
 
 class FailureKind(str, Enum):
@@ -45,6 +49,20 @@ class ContractViolation(ServiceError):
 
     def __init__(self, message: str):
         super().__init__(message, FailureKind.FATAL)
+
+
+class FieldError(NamedTuple):
+    """The first error of a pydantic ValidationError, ready for a one-line message."""
+
+    where: str  # dotted location; empty for a check of the whole model
+    message: str  # pydantic's message without its "Value error, " prefix
+    kind: str  # pydantic's error type, e.g. "extra_forbidden"
+
+
+def first_error(exc: ValidationError) -> FieldError:
+    error = exc.errors()[0]
+    return FieldError(".".join(str(part) for part in error["loc"]), error["msg"].removeprefix("Value error, "),
+                      error["type"])
 
 
 REDACTED = "***"

@@ -6,18 +6,19 @@ is read from a named environment variable at call time and never stored in a mod
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import os
-import random
 import time
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from harness.errors import ConfigError, FailureKind, ServiceError, classify_status, redact
+from harness.api_key import bearer_headers, read_key
+from harness.errors import FailureKind, ServiceError, redact
+from harness.retry import AttemptFailed, RetryPolicy
+
+R = TypeVar("R")
 
 
 class ChatMessage(BaseModel):
@@ -33,33 +34,6 @@ class ChatResult(BaseModel):
     completion_tokens: int
     latency_s: float
     finish_reason: str | None = None
-
-
-class RetryPolicy(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    attempts: int = 4
-    base_delay_s: float = 0.5
-    max_delay_s: float = 20.0
-    # a server's Retry-After is honoured up to this: a quota reset hours away fails the
-    # call (and its row) instead of stalling the run for hours
-    max_retry_after_s: float = 60.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds to wait before attempt `attempt + 1`: the server's Retry-After (capped),
-        else exponential backoff with jitter (capped)."""
-        if retry_after is not None:
-            return min(retry_after, self.max_retry_after_s)
-        return min(self.max_delay_s, self.base_delay_s * 2**attempt * (0.5 + random.random()))
-
-
-def _retry_after_seconds(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 class ChatClient:
@@ -93,16 +67,7 @@ class ChatClient:
         return clone
 
     def _key(self) -> str | None:
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(f"environment variable {self.api_key_env} is not set (API key for {self.base_url})")
-        return key
-
-    def _headers(self) -> dict[str, str]:
-        key = self._key()
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return read_key(self.api_key_env, f"API key for {self.base_url}")
 
     async def complete(self, messages: list[ChatMessage], **kwargs: Any) -> ChatResult:
         async with (self._gate() if self._gate else nullcontext()):
@@ -124,33 +89,34 @@ class ChatClient:
         }
         if seed is not None:
             body["seed"] = seed
+        return await self._post(body, self._parse)
+
+    async def _post(self, body: dict[str, Any], parse: Callable[[httpx.Response, float], R]) -> R:
+        """POST a chat completion under the retry policy; `parse` reads a 200 answer (given
+        its latency) and raises a ServiceError for a garbled one, which is tried again."""
         url = f"{self.base_url}/chat/completions"
         key = self._key()
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        last_error = "no attempt made"
-        kind = FailureKind.TRANSIENT
-        for attempt in range(self.retry.attempts):
+        headers = bearer_headers(key)
+
+        async def attempt() -> R:
             started = time.perf_counter()
-            wait: float | None = None
             try:
                 response = await self._client.post(url, json=body, headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last_error, kind = f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT
-            else:
-                if response.status_code == 200:
-                    try:
-                        return self._parse(response, time.perf_counter() - started)
-                    except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
-                        last_error, kind = str(exc), exc.kind
-                else:
-                    kind = classify_status(response.status_code)
-                    last_error = f"HTTP {response.status_code} from {url}: {redact(response.text[:200], key)}"
-                    if kind is FailureKind.FATAL:
-                        break
-                    wait = _retry_after_seconds(response)
-            if attempt + 1 < self.retry.attempts:
-                await asyncio.sleep(self.retry.delay(attempt, wait))
-        raise ServiceError(f"model call failed ({kind.value}): {last_error}", kind)
+                raise AttemptFailed(f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT) from exc
+            if response.status_code != 200:
+                # an endpoint that echoes the request must not put the key into an error
+                raise AttemptFailed.from_response(
+                    f"HTTP {response.status_code} from {url}: {redact(response.text[:200], key)}", response)
+            try:
+                return parse(response, time.perf_counter() - started)
+            except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
+                raise AttemptFailed(str(exc), exc.kind) from exc
+
+        try:
+            return await self.retry.run(attempt)
+        except AttemptFailed as exc:
+            raise ServiceError(f"model call failed ({exc.kind.value}): {exc}", exc.kind) from None
 
     def _parse(self, response: httpx.Response, latency_s: float) -> ChatResult:
         try:

@@ -179,7 +179,7 @@ class Services:
             settings = LocalServerSettings(model=spec.source or spec.model, **self.local_server.model_dump())
             server = LocalModelServer(settings, log_dir=self.log_dir)
         elif spec.provider == "scripted":
-            from harness.scripted_model import ScriptedModelServer
+            from harness.scripted_server import ScriptedModelServer
 
             server = ScriptedModelServer(script=spec.source or "rules", log_dir=self.log_dir)
         else:

@@ -7,8 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,43 +31,10 @@ def data_dir() -> Path:
 
 # ---------------------------------------------------------------- shared servers and specs
 # Real processes and real loopback servers: the banking77 / heart_disease containers as
-# child processes (harness.services.Services), the scripted model in a uvicorn thread,
-# and `ServerThread` for any small FastAPI fake a test builds.
+# child processes (harness.services.Services); in-process servers are in servers.py.
 
 REPO = Path(__file__).resolve().parents[1]
 CONTAINER_MODULES = {"banking77": "stage2_system", "heart_disease": "system", "healthbench": "stage1_system"}
-
-
-class ServerThread:
-    """An ASGI app served by uvicorn in a daemon thread on a free loopback port."""
-
-    def __init__(self, app: Any):
-        import uvicorn
-
-        from harness.processes import free_port
-
-        self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"server-{self.port}", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> "ServerThread":
-        self._thread.start()
-        deadline = time.monotonic() + 10.0
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"server thread did not start on port {self.port}")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=5.0)
 
 
 def container_spec(name: str, data_dir: Path, **fields: Any):
@@ -150,7 +115,7 @@ def heart_disease_url(services: Any, data_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def scripted_policy() -> Iterator[Any]:
     """The scripted model (`rules`) in a thread: the policy (and default proposer) of test runs."""
-    from harness.scripted_model import ScriptedModelThread
+    from servers import ScriptedModelThread
 
     with ScriptedModelThread("rules") as server:
         yield server

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from harness.scripted_model import RulesScript, _role
+from harness.scripted_model import RulesScript, role_of
 
 
 @dataclass
@@ -59,7 +59,7 @@ class FakeUpstream:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             messages = [m for m in body.get("messages", []) if isinstance(m, dict)]
-            text = RulesScript().reply(messages, _role(messages))
+            text = RulesScript().reply(messages, role_of(messages))
             self.completions += 1
             # tokens as a tokenizer would roughly count them: the estimate the gateway budgets with is exact
             completion = min(len(text.split()), int(body.get("max_tokens") or 256))

@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -31,9 +30,10 @@ from algorithms.registry import algorithm_names
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from conftest import CONTAINER_MODULES
 from harness.errors import ConfigError
-from harness.processes import free_port
 from harness.run import RunOutcome, execute_run
-from harness.scripted_model import RULE_TEMPLATE, ScriptedModelServer, ScriptedModelThread
+from harness.scripted_model import RULE_TEMPLATE
+from harness.scripted_server import ScriptedModelServer
+from servers import ScriptedModelThread, ServerThread
 from harness.services import Endpoints, Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
@@ -52,29 +52,6 @@ QUEUE = ModelSpec(provider="scripted", model="scripted-queue", source="queue", m
 
 
 # ---- services ---------------------------------------------------------------------------
-
-
-class ThreadServer:
-    """A FastAPI app on a loopback port in a uvicorn thread of this process."""
-
-    def __init__(self, app: FastAPI):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, name=f"test-server-{self.port}", daemon=True)
-
-    def __enter__(self) -> "ThreadServer":
-        self._thread.start()
-        deadline = time.monotonic() + 10.0
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"test server did not start on port {self.port}")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=5.0)
 
 
 def failing_proxy(upstream: str, bad_task_id: str | None) -> FastAPI:
@@ -122,7 +99,7 @@ def stack(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
                               data_dir=str(data_dir))
     with Services(logs) as services, ScriptedModelServer("rules", log_dir=logs) as rules:
         url = services.container_url(container)
-        with ThreadServer(failing_proxy(url, BAD_TASK)) as proxy, ThreadServer(failing_proxy(url, None)) as broken:
+        with ServerThread(failing_proxy(url, BAD_TASK)) as proxy, ServerThread(failing_proxy(url, None)) as broken:
             yield Stack(container_url=url, failing_url=proxy.url, broken_url=broken.url, rules_url=rules.base_url,
                         data_dir=data_dir)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ServerThread
+from servers import ServerThread
 from test_bad_input import assert_no_run_written, assert_one_error_line, harness
 from test_contract_client import HEALTH, PROGRAM, FakeContainer, ok
 

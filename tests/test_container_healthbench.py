@@ -9,13 +9,11 @@ import asyncio
 import hashlib
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -36,9 +34,9 @@ from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import RolloutRequest, RolloutResponse
 from harness.preflight import preflight
-from harness.processes import free_port
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, RunSpec
+from servers import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY_ANSWER = "See a doctor soon; there is no guaranteed cure."
@@ -74,9 +72,8 @@ class FakeModel:
             verdict = {"explanation": f"scripted for {model}", "criteria_met": met}
             return self._reply(f"```json\n{json.dumps(verdict, indent=2)}\n```", 100, 20)
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = ServerThread(app)
+        self.port = self.server.port
 
     @staticmethod
     def _reply(text: str, prompt_tokens: int, completion_tokens: int) -> JSONResponse:
@@ -94,14 +91,8 @@ class FakeModel:
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeModel]:
     model = FakeModel()
-    model.thread.start()
-    for _ in range(500):
-        if model.server.started:
-            break
-        threading.Event().wait(0.01)
-    yield model
-    model.server.should_exit = True
-    model.thread.join(timeout=10)
+    with model.server:
+        yield model
 
 
 @pytest.fixture(scope="module")

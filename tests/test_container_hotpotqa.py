@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
@@ -27,9 +26,9 @@ from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import CONTRACT_VERSION, RolloutRequest
 from harness.preflight import preflight
-from harness.processes import free_port
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, RunSpec
+from servers import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,25 +57,19 @@ class FakeModel:
             return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 50, "completion_tokens": 5}}
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = ServerThread(app)
+        self.port = self.server.port
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> "FakeModel":
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                return self
-            threading.Event().wait(0.01)
-        raise RuntimeError("fake model did not start")
+        self.server.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.server.stop()
 
 
 @pytest.fixture(scope="module")

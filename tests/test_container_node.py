@@ -20,7 +20,7 @@ from harness.config import PoolsConfig
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest
 from harness.preflight import preflight
 from harness.run import execute_run
-from harness.scripted_model import ScriptedModelServer
+from harness.scripted_server import ScriptedModelServer
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
@@ -125,7 +125,7 @@ def test_gepa_run_against_node_container_is_done(data_dir: Path, tmp_path: Path)
                     heldout=tuple(f"test:{i}" for i in range(10))),
         budget=BudgetSpec(max_rollouts=48, max_wall_s=240), concurrency=4, evidence_root=str(tmp_path / "evidence"))
     with Services(tmp_path / "logs") as services:
-        # Scripted model specs make Services start harness.scripted_model.ScriptedModelServer("rules").
+        # Scripted model specs make Services start harness.scripted_server.ScriptedModelServer("rules").
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
         outcome = asyncio.run(execute_run(spec, endpoints))
         stats = httpx.get(endpoints.policy_url.removesuffix("/v1") + "/stats").json()

@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -22,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from benchmarks.containers.kit import RolloutEnv, build_app
 from benchmarks.containers.tau2_retail import Tau2Retail
-from benchmarks.containers.tau2_retail.chat import ChatTurn, _parse_calls
+from benchmarks.containers.tau2_retail.chat import ChatTurn, parse_tool_calls
 from benchmarks.containers.tau2_retail.data import RetailData, db_hash
 from benchmarks.containers.tau2_retail.episode import FIRST_AGENT_MESSAGE, USER_GUIDELINES, user_instructions
 from benchmarks.containers.tau2_retail.scoring import action_matches, communicated, replay_gold, score_episode
@@ -31,9 +29,9 @@ from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import RolloutRequest, RolloutResponse
 from harness.preflight import preflight
-from harness.processes import free_port
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, RunSpec
+from servers import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,9 +78,8 @@ class FakeModel:
                 return self._user(body)
             return self._agent(body)
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = ServerThread(app)
+        self.port = self.server.port
 
     @property
     def base_url(self) -> str:
@@ -127,14 +124,8 @@ class FakeModel:
 @pytest.fixture(scope="module")
 def fake(retail: RetailData) -> Iterator[FakeModel]:
     model = FakeModel(retail.tasks)
-    model.thread.start()
-    for _ in range(500):
-        if model.server.started:
-            break
-        threading.Event().wait(0.01)
-    yield model
-    model.server.should_exit = True
-    model.thread.join(timeout=10)
+    with model.server:
+        yield model
 
 
 def _index(container: Tau2Retail, task_id: str) -> str:
@@ -232,7 +223,7 @@ def test_copy_on_access_db_equals_a_full_copy(retail: RetailData) -> None:
 
 
 def test_tool_call_parsing_tolerates_local_servers() -> None:
-    calls = _parse_calls([
+    calls = parse_tool_calls([
         {"function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}},  # object, no id
         {"id": "c2", "function": {"name": "calculate", "arguments": "{not json"}},
         {"id": "c3", "function": {"name": "list_all_product_types", "arguments": ""}},

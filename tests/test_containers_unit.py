@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
@@ -25,6 +24,7 @@ from benchmarks.containers.heart_disease import HeartDisease, normalize_answer
 from benchmarks.containers.kit import build_app, policy_endpoint, policy_result
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutResponse
 from harness.processes import ManagedProcess, free_port
+from servers import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,8 @@ class FakeModel:
                 "usage": {"prompt_tokens": 11, "completion_tokens": 3},
             })
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = ServerThread(app)
+        self.port = self.server.port
 
     @property
     def base_url(self) -> str:
@@ -73,15 +72,8 @@ class FakeModel:
 @pytest.fixture(scope="module")
 def fake_model() -> Iterator[FakeModel]:
     fake = FakeModel()
-    fake.thread.start()
-    for _ in range(200):
-        if fake.server.started:
-            break
-        threading.Event().wait(0.02)
-    assert fake.server.started
-    yield fake
-    fake.server.should_exit = True
-    fake.thread.join(timeout=10)
+    with fake.server:
+        yield fake
 
 
 def _policy(fake: FakeModel, **over: Any) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from conftest import CONTAINER_MODULES, ServerThread, container_spec
+from conftest import CONTAINER_MODULES, container_spec
+from servers import ServerThread
 from harness.client import ContainerClient
 from harness.contract import (
     CONTRACT_VERSION,
@@ -30,7 +31,7 @@ from harness.contract import (
     RolloutRequest,
 )
 from harness.errors import ConfigError, ContractViolation, FailureKind, ServiceError, Unreachable
-from harness.llm import RetryPolicy
+from harness.retry import RetryPolicy
 from harness.services import Services
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.02)

@@ -12,7 +12,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from conftest import ServerThread, run_cli
+from conftest import run_cli
+from servers import ServerThread
 from harness.processes import free_port
 
 PROGRAM = {"version": "prompt_program.v1", "program_id": "p", "target_modules": ["system"],

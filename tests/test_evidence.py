@@ -16,10 +16,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from conftest import ServerThread, container_spec, execute, make_run_spec, read_evidence, run_cli
+from conftest import container_spec, execute, make_run_spec, read_evidence, run_cli
+from servers import ScriptedModelThread, ServerThread
 from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_METADATA_KEY, SCHEMA_VERSION, TABLES
-from harness.scripted_model import ScriptedModelThread
 
 TABLE_FILES = {f"{name}.parquet" for name in TABLES}
 

@@ -18,9 +18,11 @@ import pytest
 from conftest import container_spec, run_cli, scripted_spec
 from faults import check_rows_exactly_once, run_on, small_spec
 from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatClient, ChatMessage, ChatResult, RetryPolicy
+from harness.llm import ChatClient, ChatMessage, ChatResult
+from harness.retry import RetryPolicy
 from harness.processes import free_port
-from harness.scripted_model import FLAKY_KINDS, ScriptedModelThread
+from harness.scripted_faults import FLAKY_KINDS
+from servers import ScriptedModelThread
 
 pytestmark = pytest.mark.timeout(300)
 

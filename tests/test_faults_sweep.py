@@ -27,7 +27,7 @@ from faults import check_rows_exactly_once, run_on, small_spec
 from harness.checkpoint import CheckpointStore
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
-from harness.scripted_model import ScriptedModelThread
+from servers import ScriptedModelThread
 from harness.sweep.store import SweepStore
 from test_sweep_ray import (
     SweepProcess,

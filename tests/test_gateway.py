@@ -13,11 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import ServerThread
+from servers import GatewayThread, ServerThread
 from gateway_fakes import FakeUpstream, chat_body
-from harness.gateway.limiter import retry_after_s
+from harness.retry import retry_after_s
 from harness.gateway.models import GatewaySettings, LimitSettings, RunSpend, Upstream
-from harness.gateway.server import GatewayThread
 from harness.gateway.service import upstream_name
 from harness.contract import role_url
 from harness.gateway.store import ResponseStore, request_digest, sample_digest

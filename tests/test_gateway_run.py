@@ -14,13 +14,12 @@ import httpx
 import polars as pl
 import pytest
 
-from conftest import ServerThread, container_spec, make_run_spec, read_evidence, run_cli
+from conftest import container_spec, make_run_spec, read_evidence, run_cli
+from servers import GatewayThread, ScriptedModelThread, ServerThread
 from gateway_fakes import FakeUpstream
 from harness.evidence.schema import TIMING_COLUMNS, TRANSPORT_COLUMNS
 from harness.gateway.models import GatewaySettings, Upstream
-from harness.gateway.server import GatewayThread
 from harness.run import RunOutcome, execute_run
-from harness.scripted_model import ScriptedModelThread
 from harness.services import Endpoints, Services
 from harness.specs import ModelSpec
 

@@ -20,7 +20,7 @@ from conftest import container_spec, execute, make_run_spec, read_evidence
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
 from harness.evidence.schema import TIMING_COLUMNS
-from harness.scripted_model import ScriptedModelThread
+from servers import ScriptedModelThread
 
 HELDOUT = ["test:0", "test:1", "test:2"]
 EXACT = {"minibatch_size": 4, "edit_formats": ["rewrite"], "proposal_attempts": 1, "proposal_samples": 1,

@@ -20,7 +20,7 @@ from benchmarks.containers.kit import (
 from harness.client import ContainerClient
 from harness.outcome import judge
 
-from conftest import ServerThread
+from servers import ServerThread
 
 
 class Sums(SingleCallContainer):

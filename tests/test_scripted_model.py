@@ -8,17 +8,11 @@ import httpx
 import pytest
 
 from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatClient, ChatMessage, ChatResult, RetryPolicy
-from harness.scripted_model import (
-    CURRENT_CLOSE,
-    CURRENT_OPEN,
-    PROPOSER_MARKER,
-    SCRIPTS,
-    ScriptedModelServer,
-    ScriptedModelThread,
-    format_example,
-    rules_in,
-)
+from harness.llm import ChatClient, ChatMessage, ChatResult
+from harness.retry import RetryPolicy
+from harness.scripted_model import CURRENT_CLOSE, CURRENT_OPEN, PROPOSER_MARKER, format_example, rules_in
+from harness.scripted_server import SCRIPTS, ScriptedModelServer
+from servers import ScriptedModelThread
 
 INSTRUCTION = 'Classify the customer message.\n- If the message mentions "refund", answer: request_refund'
 LABELS = "Available intents:\n- greeting\n- request_refund\n- track_order"

@@ -37,13 +37,14 @@ from algorithms.gepa.reflect import EditSettings, apply
 from harness.llm import ChatResult
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from benchmarks.containers.chaos import Chaos, FaultPlan
-from conftest import REPO, ServerThread, container_spec, run_cli, scripted_spec
+from conftest import REPO, container_spec, run_cli, scripted_spec
+from servers import ScriptedModelThread, ServerThread
 from faults import assert_no_secret, check_rows_exactly_once, chaos_spec, run_on, small_spec
 from harness.candidates import digest_of
 from harness.console import print_outcome
 from harness.processes import ManagedProcess, free_port
 from harness.run import RunOutcome
-from harness.scripted_model import ScriptedModelServer, ScriptedModelThread
+from harness.scripted_server import ScriptedModelServer
 from harness.services import Services
 from harness.specs import ModelSpec
 from harness.sweep.driver import _print_table

@@ -29,14 +29,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.report.__main__ import main as report_main
-from conftest import ServerThread, container_spec, run_cli
+from conftest import container_spec, run_cli
+from servers import GatewayThread, ScriptedModelThread, ServerThread
 from faults import small_spec
 from harness.client import ContainerClient
 from harness.errors import HarnessError
 from harness.gateway.models import GatewaySettings, Upstream
-from harness.gateway.server import GatewayThread
 from harness.run import execute_run
-from harness.scripted_model import ScriptedModelThread
 from harness.services import Endpoints
 
 pytestmark = pytest.mark.timeout(300)

@@ -32,12 +32,11 @@ from fastapi import FastAPI, Request, Response
 
 import benchmarks.containers.kit as kit
 from benchmarks.containers.chaos import Chaos, FaultPlan
-from conftest import REPO, ServerThread, container_spec, make_run_spec
+from conftest import REPO, container_spec, make_run_spec
+from servers import GatewayThread, ScriptedModelThread, ServerThread
 from gateway_fakes import FakeUpstream, chat_body
 from harness.gateway.models import GatewaySettings, LimitSettings, Upstream
-from harness.gateway.server import GatewayThread
 from harness.run import execute_run
-from harness.scripted_model import ScriptedModelThread
 from harness.services import Endpoints, Services, container_env
 
 pytestmark = pytest.mark.timeout(300)

@@ -2,7 +2,7 @@
 concurrent requests, straight to a fake OpenAI-compatible upstream vs through the
 inference gateway to the same upstream, in one invocation.
 
-The upstream is the scripted model (`harness.scripted_model`, a child process); the
+The upstream is the scripted model (`harness.scripted_server`, a child process); the
 gateway runs as Services runs it (a child process); the load comes from this process
 through the harness's own ChatClient (what a container uses for its policy call), one
 call per "rollout", each with its own attributed URL and a distinct prompt. Arms are
@@ -34,7 +34,7 @@ from harness.gateway.models import Announcement, GatewaySettings, LimitSettings,
 from harness.gateway.server import GatewayServer  # noqa: E402
 from harness.gateway.service import upstream_for  # noqa: E402
 from harness.llm import ChatClient, ChatMessage  # noqa: E402
-from harness.scripted_model import ScriptedModelServer  # noqa: E402
+from harness.scripted_server import ScriptedModelServer  # noqa: E402
 from harness.specs import ModelSpec  # noqa: E402
 
 SYSTEM = ("You are a banking customer-support intent classifier. Reply with the single intent label.\n"

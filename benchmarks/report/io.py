@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from harness.atomic import atomic_write
 from harness.evidence.reader import (
     EvidenceError, Target, check_parquet_version, expected_grid, first_line, read_manifest, verify_files,
 )
@@ -144,14 +144,8 @@ def rounded(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(pl.col(pl.Float64).round(FLOAT_DIGITS))
 
 
-def _atomic(path: Path, write: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
+def _atomic(path: Path, content: bytes | Callable[[str], None]) -> Path:
+    atomic_write(path, content)  # a failed write (disk full) leaves nothing behind
     return path
 
 
@@ -166,8 +160,8 @@ def _clean(value: Any) -> Any:
 def write_json(frame: pl.DataFrame, path: Path, **extra: Any) -> Path:
     rows = [{k: _clean(v) for k, v in row.items()} for row in frame.to_dicts()]
     body = json.dumps({**extra, "rows": rows}, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    return _atomic(path, lambda p: p.write_text(body))
+    return _atomic(path, body.encode())
 
 
 def write_text(text: str, path: Path) -> Path:
-    return _atomic(path, lambda p: p.write_text(text))
+    return _atomic(path, text.encode())

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
 
@@ -115,18 +116,11 @@ class EvidenceLocation:
         if self.fs.get_file_info(self.run_dir).type == pafs.FileType.Directory:
             self.fs.delete_dir(self.run_dir)
 
-    def _atomic_write(self, name: str, write: Any) -> None:
+    def _atomic_write(self, name: str, data: bytes) -> None:
         final = f"{self.run_dir}/{name}"
-        temp = f"{self.run_dir}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
-            self.fs.create_dir(self.run_dir, recursive=True)
-            write(temp)
-            self.fs.move(temp, final)
+            atomic_write(final, data, self.fs)
         except OSError as exc:
-            try:
-                self.fs.delete_file(temp)
-            except OSError:
-                pass
             raise HarnessError(f"cannot write evidence {final}: {exc}") from exc
 
     def write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
@@ -136,20 +130,10 @@ class EvidenceLocation:
         pq.write_table(table, sink)
         data = sink.getvalue().to_pybytes()
         self.digests[name + ".parquet"] = hashlib.sha256(data).hexdigest()
-
-        def write(path: str) -> None:
-            with self.fs.open_output_stream(path) as stream:
-                stream.write(data)
-
-        self._atomic_write(name + ".parquet", write)
+        self._atomic_write(name + ".parquet", data)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         files = {name: {"sha256": digest} for name, digest in sorted(self.digests.items())}
         body = json.dumps({**manifest, "files": files, "schema_version": SCHEMA_VERSION}, indent=2, sort_keys=True,
                           default=str)
-
-        def write(path: str) -> None:
-            with self.fs.open_output_stream(path) as stream:
-                stream.write(body.encode())
-
-        self._atomic_write(MANIFEST, write)
+        self._atomic_write(MANIFEST, body.encode())

@@ -32,6 +32,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from harness.body_limit import BodyLimit
+from harness.errors import first_error
 from harness.gateway.forward import CLIENT_SHARDS, CONNECTIONS_PER_SHARD, Gateway, error_response as _error
 from harness.gateway.ledger import RunLedger
 from harness.gateway.models import (
@@ -54,9 +55,8 @@ def _model(cls: type[M], payload: bytes) -> M | JSONResponse:
     try:
         return cls.model_validate_json(payload or b"{}")
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(body)"
-        return _error(422, "invalid_request", f"gateway: {cls.__name__} field {where}: {first['msg']}")
+        error = first_error(exc)
+        return _error(422, "invalid_request", f"gateway: {cls.__name__} field {error.where or '(body)'}: {error.message}")
 
 
 def create_app(settings: GatewaySettings, *, admin_token: str | None = None,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import time
 from typing import Any
 
@@ -15,11 +14,13 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from harness.errors import FailureKind
 from harness.gateway.ledger import Ledger, RunLedger
-from harness.gateway.limiter import Limiter, backoff_s, retry_after_s
+from harness.gateway.limiter import Limiter
 from harness.gateway.models import CallRecord, GatewaySettings, Upstream
 from harness.gateway.store import ResponseStore, request_digest, sample_digest
 from harness.pricing import cost_usd
+from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
 
 MODEL_ENDPOINTS = frozenset({"chat/completions", "completions", "models"})
 # httpx's pool scans every queued request against every connection on each change: cost
@@ -99,6 +100,12 @@ class Gateway:
                 raise ValueError(f"gateway cache {settings.cache!r} needs a cache_path")
             self.store = ResponseStore(settings.cache_path)
         self.limiter = Limiter(settings.limits_for)
+        # throttling only (429/503), which the caller could not do better; a Retry-After
+        # beyond max_retry_after_s goes back to the caller at once instead of pausing every
+        # run on that model, and callers sent away by one throttle come back spread out
+        self.retry = RetryPolicy(attempts=settings.max_attempts, max_delay_s=settings.max_backoff_s,
+                                 max_retry_after_s=settings.max_retry_after_s, long_retry_after="give_up",
+                                 retry_after_jitter=0.1)
         self.ledger = Ledger()
         self.clients: list[httpx.AsyncClient] = []
         self._urls: dict[tuple[str, str], httpx.URL] = {}
@@ -129,7 +136,7 @@ class Gateway:
                     estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int]:
         """(status, body, headers for the caller, attempts). Retries only throttling
         (429/503), which the caller could not do better; other failures go back at once
-        to the caller's own retry loop."""
+        to the caller's own retry policy."""
         headers = {"content-type": "application/json", **upstream.headers}
         if upstream.api_key_env:
             key = self._key(upstream)
@@ -139,39 +146,41 @@ class Gateway:
             headers["authorization"] = f"Bearer {key}"
         url = self._url(upstream, endpoint)
         limit = self.limiter.get(upstream.name, model)
-        settings = self.settings
-        for attempt in range(settings.max_attempts):
+        attempts = 0
+
+        async def attempt() -> tuple[int, bytes, dict[str, str]]:
+            nonlocal attempts
+            attempts += 1
             async with limit.slot(estimated_tokens) as ticket:
                 try:
                     response = await self.http.request(method, url, content=raw if method == "POST" else None,
                                                        headers=headers)
                 except httpx.TimeoutException:
-                    message = f"gateway: {upstream.name} did not answer within {settings.timeout_s:g}s"
-                    return 504, json.dumps({"error": {"type": "upstream_timeout", "message": message}}).encode(), {}, \
-                        attempt + 1
+                    message = f"gateway: {upstream.name} did not answer within {self.settings.timeout_s:g}s"
+                    return 504, json.dumps({"error": {"type": "upstream_timeout", "message": message}}).encode(), {}
                 except httpx.TransportError as exc:
                     message = f"gateway: cannot reach {upstream.name}: {type(exc).__name__}"
-                    return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), \
-                        {}, attempt + 1
+                    return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), {}
                 if response.status_code == 200:  # any other outcome used none of the tokens it was charged
                     prompt, completion, _ = _usage(response.content)
                     ticket.used = prompt + completion
             if response.status_code in THROTTLE_STATUSES:
                 wait = retry_after_s(response.headers.get("retry-after"))
-                too_long = wait is not None and wait > settings.max_retry_after_s
-                limit.on_throttle(None if too_long else wait, ticket.epoch)
-                if attempt + 1 < settings.max_attempts and not too_long:
-                    # honour Retry-After plus up to 10% jitter, so the throttled callers do not return together
-                    delay = wait * (1 + 0.1 * random.random()) if wait is not None else \
-                        backoff_s(attempt, max_s=settings.max_backoff_s)
-                    await asyncio.sleep(delay)
-                    continue
-                passed = {"retry-after": response.headers["retry-after"]} if "retry-after" in response.headers else {}
-                return response.status_code, self._redact(response.content, upstream), passed, attempt + 1
+                limit.on_throttle(None if self.retry.gives_up_on(wait) else wait, ticket.epoch)
+                raise AttemptFailed(f"HTTP {response.status_code}", FailureKind.RATE_LIMITED, retry_after=wait,
+                                    answer=response)
             if response.status_code < 500:
                 await limit.on_success()
-            return response.status_code, self._redact(response.content, upstream), {}, attempt + 1
-        raise AssertionError("unreachable: max_attempts > 0")
+            return response.status_code, self._redact(response.content, upstream), {}
+
+        try:
+            status, content, passed = await self.retry.run(attempt)
+        except AttemptFailed as throttled:  # the caller sees the last throttle, with its Retry-After
+            response = throttled.answer
+            assert isinstance(response, httpx.Response)
+            passed = {"retry-after": response.headers["retry-after"]} if "retry-after" in response.headers else {}
+            status, content = response.status_code, self._redact(response.content, upstream)
+        return status, content, passed, attempts
 
     # ---- one model call ------------------------------------------------------------
 

@@ -8,34 +8,12 @@ Everything runs on the gateway's one event loop, so no state here needs a lock."
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from harness.gateway.models import LimitSettings
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (now if now is not None else time.time()))
-
-
-def backoff_s(attempt: int, *, base_s: float = 0.5, max_s: float = 30.0) -> float:
-    """Exponential backoff with full jitter in [0.5, 1.5) x the step."""
-    return min(max_s, base_s * 2**attempt) * (0.5 + random.random())
 
 
 class TokenBucket:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, first_error
 
 # axis name in the sweep file -> the Hydra override key it sets
 AXES: dict[str, str] = {
@@ -73,11 +73,10 @@ def parse_sweep(raw: dict[str, Any]) -> SweepSpec:
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
+        error = first_error(exc)
         # a check of the whole sweep (an empty axis, a bad zip) has no field to name
-        raise ConfigError(f"sweep '{where}': {message}" if where else f"sweep: {message}") from exc
+        raise ConfigError(f"sweep '{error.where}': {error.message}" if error.where else f"sweep: {error.message}") \
+            from exc
 
 
 def pinned_keys(user_overrides: list[str]) -> dict[str, str]:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
 
@@ -57,17 +58,9 @@ class SweepStore:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
 
     def _atomic(self, name: str, data: bytes) -> None:
-        temp = f"{self.dir}/.{name}.tmp"
         try:
-            self.fs.create_dir(self.dir, recursive=True)
-            with self.fs.open_output_stream(temp) as stream:
-                stream.write(data)
-            self.fs.move(temp, f"{self.dir}/{name}")
+            atomic_write(f"{self.dir}/{name}", data, self.fs)
         except OSError as exc:  # e.g. the disk is full: no temporary file left, one clear line
-            try:
-                self.fs.delete_file(temp)
-            except OSError:
-                pass
             raise HarnessError(f"cannot write {self.dir}/{name}: {exc}") from exc
 
     def write_index(self, rows: list[dict[str, Any]]) -> None:

@@ -4,15 +4,14 @@ offline from disk. Files are written to a temporary name and renamed."""
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from pathlib import Path
 
 import altair as alt
 import jinja2
 from pydantic import BaseModel
 
+from harness.atomic import atomic_write
 from harness.local_model import cache_root
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +59,7 @@ def vega_bundle() -> str:
         return cached.read_text()
     bundle = vl_convert.javascript_bundle(vl_version=version)
     try:
-        _atomic_write(cached, bundle)
+        atomic_write(cached, bundle.encode())
     except OSError:  # a read-only cache costs seconds per command, not the page
         pass
     return bundle
@@ -79,16 +78,6 @@ class _Charts(BaseModel):
     specs: dict[str, object]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-
-
 def write_page(path: Path, html: str) -> Path:
-    _atomic_write(path, html)
+    atomic_write(path, html.encode())
     return path

@@ -1,22 +1,17 @@
 """Chat completions with OpenAI function tools: raw message dicts in (assistant tool calls,
 tool results), text and parsed tool calls out. A subclass of the harness's ChatClient so
-keys, retries and failure labels are the same; ChatClient itself is unchanged."""
+keys, retries and failure labels are the same: only the request body and the parse differ."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-import time
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from harness.errors import FailureKind, ServiceError, classify_status
-from harness.llm import ChatClient, _retry_after_seconds
-
-MAX_RETRY_AFTER_S = 60.0
+from harness.errors import FailureKind, ServiceError
+from harness.llm import ChatClient
 
 
 class ToolCall(BaseModel):
@@ -48,7 +43,7 @@ class ChatTurn(BaseModel):
         return message
 
 
-def _parse_calls(raw_calls: Any, turn_index: int) -> list[ToolCall]:
+def parse_tool_calls(raw_calls: Any, turn_index: int) -> list[ToolCall]:
     calls = []
     for k, raw in enumerate(raw_calls or []):
         function = (raw or {}).get("function") or {}
@@ -78,35 +73,7 @@ class ToolChatClient(ChatClient):
             body["tools"] = tools
         if seed is not None:
             body["seed"] = seed
-        url = f"{self.base_url}/chat/completions"
-        headers = self._headers()
-        key = headers.get("Authorization", "").removeprefix("Bearer ")
-        last_error, kind = "no attempt made", FailureKind.TRANSIENT
-        for attempt in range(self.retry.attempts):
-            started, wait = time.perf_counter(), None
-            try:
-                response = await self._client.post(url, json=body, headers=headers)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last_error, kind = f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT
-            else:
-                if response.status_code == 200:
-                    try:
-                        return self._turn(response, time.perf_counter() - started, turn_index)
-                    except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
-                        last_error, kind = str(exc), exc.kind
-                else:
-                    kind = classify_status(response.status_code)
-                    text = response.text[:200]
-                    # an endpoint that echoes the request must not put the key into a trace
-                    last_error = f"HTTP {response.status_code} from {url}: {text.replace(key, '[redacted]') if key else text}"
-                    if kind is FailureKind.FATAL:
-                        break
-                    wait = _retry_after_seconds(response)
-            if attempt + 1 < self.retry.attempts:
-                backoff = min(self.retry.max_delay_s, self.retry.base_delay_s * 2**attempt) * (0.5 + random.random())
-                # a Retry-After hours away fails the episode rather than stalling the run
-                await asyncio.sleep(min(wait, MAX_RETRY_AFTER_S) if wait is not None else backoff)
-        raise ServiceError(f"model call failed ({kind.value}): {last_error}", kind)
+        return await self._post(body, lambda response, latency_s: self._turn(response, latency_s, turn_index))
 
     def _turn(self, response: httpx.Response, latency_s: float, turn_index: int) -> ChatTurn:
         try:
@@ -114,7 +81,7 @@ class ToolChatClient(ChatClient):
             choice = payload["choices"][0]
             message = choice["message"]
             usage = payload.get("usage") or {}
-            calls = _parse_calls(message.get("tool_calls"), turn_index)
+            calls = parse_tool_calls(message.get("tool_calls"), turn_index)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ServiceError(f"malformed completion from {self.base_url}: {type(exc).__name__}",
                                FailureKind.TRANSIENT) from exc
