@@ -187,12 +187,6 @@ class Budget:
             self._reservations.remove(reservation)
             self._released.set()
 
-    def extend(self, reservation: Reservation, count: int) -> None:
-        """Reserve `count` more (an accepted child's pareto scoring) and start them; the caller
-        checked they fit (`fits_beyond_reserved`)."""
-        reservation.left += count
-        reservation.spend(count)
-
     def wake_waiters(self) -> None:
         """Wake iterations waiting for reserved rollouts (e.g. the run is stopping)."""
         self._released.set()

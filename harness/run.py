@@ -213,7 +213,7 @@ async def execute_run(
             else:
                 stop_reason, best_id, timings = restored.stop_reason, restored.best_candidate_id, dict(restored.timings)
                 ctx.event("resumed", f"resumed from its checkpoint: optimization done, {len(restored.heldout)} "
-                          "candidate(s) re-scored on heldout", rollouts_recorded=len(ctx.evidence.rollouts))
+                          "candidate(s) re-scored on heldout", rollouts_recorded=len(ctx.recorder.rollouts))
             t_heldout = time.monotonic()
             heldout = await _score_heldout(ctx, best_id, [HeldoutScore(**h) for h in restored.heldout]
                                            if restored else [], checkpoint)
