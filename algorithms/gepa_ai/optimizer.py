@@ -7,11 +7,11 @@ the run's event loop). Train minibatches come from the train pool and the librar
 valset is the pareto pool, so both GEPA arms select on the same rows.
 
 Budget: the library gets `max_metric_calls` from the run's budget (the rollouts left;
-harness/budget.py decides every stop), but checks it only
-between iterations, so one iteration can overshoot. The adapter therefore refuses any
-evaluation whose uncached rollouts do not fit (the context raises before any rollout);
-the refusal aborts the library's iteration, is recorded as a `budget_stop` event, and the
-bridge's stop condition ends the library's loop, which returns its result normally.
+harness/budget.py decides every stop), but checks it only between iterations, so one
+iteration can overshoot. The adapter therefore refuses any evaluation whose uncached
+rollouts do not fit (the budget says so before any rollout); the refusal aborts the
+library's iteration, is recorded as a `budget_stop` event, and the bridge's stop
+condition ends the library's loop, which returns its result normally.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from algorithms.gepa_ai.adapter import HarnessAdapter, TaskIdLoader
 from algorithms.gepa_ai.bridge import Bridge, Halt
 from algorithms.gepa_ai.params import GepaLibraryParams
 from algorithms.protocol import OptimizerResult
-from harness.candidates import digest_of
 from harness.budget import StopReason
+from harness.candidates import digest_of
 from harness.context import RunContext
 from harness.errors import HarnessError
 
@@ -126,7 +126,8 @@ class GepaLibraryOptimizer:
             child = ids[idx]
             if child in lineage or child == ids[0]:  # a duplicate of an earlier member: the first lineage stands
                 continue
-            lineage[child] = list(dict.fromkeys(ids[p] for p in result.parents[idx] if p is not None and ids[p] != child))
+            parents = (ids[p] for p in result.parents[idx] if p is not None and ids[p] != child)
+            lineage[child] = list(dict.fromkeys(parents))
         fixed = ctx.recorder.adopt_lineage(lineage, origin="library")
         if fixed:
             ctx.event("parent_fixup", f"{len(fixed)} parent link(s) set from the library's tree", fixed=fixed)
