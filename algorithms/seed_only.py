@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from algorithms.protocol import OptimizerResult, RunView
+from harness.budget import BudgetExhausted, StopReason
 from harness.candidates import mean_reward
-from harness.run_state import BudgetExhausted
 
 
 class SeedOnlyParams(BaseModel):
@@ -34,4 +34,4 @@ class SeedOnly:
         score = mean_reward(results)
         if score is not None:  # every row failed: no score to report
             ctx.report_best(score)
-        return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason="seed_only")
+        return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=StopReason.SEED_ONLY)

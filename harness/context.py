@@ -1,6 +1,7 @@
 """The run context: everything an optimizer may touch. `evaluate` is the single choke
-point for rollouts: it enforces the budget, caches (candidate digest, task id) so no
-rollout repeats, bounds concurrency (through the client) and records evidence."""
+point for rollouts: it asks the budget (harness/budget.py) before any rollout, caches
+(candidate digest, task id) so no rollout repeats, bounds concurrency (through the
+client) and records evidence (through the recorder, harness/evidence/recorder.py)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,24 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from harness.candidates import Candidate, RolloutResult, digest_of
+from harness.budget import Budget, BudgetExhausted, StopReason
+from harness.candidates import Candidate, RolloutResult
 from harness.client import ContainerClient
 from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
-from harness.errors import HarnessError, ServiceError, Unreachable
+from harness.container_keeper import ContainerKeeper
+from harness.errors import ServiceError
+from harness.evidence.recorder import Recorder
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.outcome import RolloutOutcome, judge
 from harness.pricing import cost_usd
-from harness.run_state import OPTIMIZATION_STAGES, BudgetExhausted, Evidence, Progress, RunFailed, Usage
+from harness.run_state import OPTIMIZATION_STAGES, Evidence, Progress, RunFailed, Usage
 from harness.specs import RunSpec
 
 if TYPE_CHECKING:
     from harness.gateway.session import GatewaySession
 
-__all__ = ["OPTIMIZATION_STAGES", "BudgetExhausted", "Evidence", "Progress", "RunContext", "RunFailed", "Usage"]
+__all__ = ["OPTIMIZATION_STAGES", "BudgetExhausted", "Evidence", "Progress", "RunContext", "RunFailed", "StopReason",
+           "Usage"]
 
 class RunContext:
     def __init__(
@@ -54,29 +59,23 @@ class RunContext:
         self.pools = spec.pools
         self.target_modules = list(program.target_modules)
         self.usage = Usage()
-        self.evidence = Evidence()
-        self.started = time.monotonic()
+        self.budget = Budget(spec.budget, self.usage)
+        # with the gateway in the path its ledger is the one source of cost
+        self.recorder = Recorder(self.run_id, metered=gateway is not None)
         self.best_score: float | None = None
         self._cache: dict[tuple[str, str], RolloutResult] = {}
-        # (digest, task) pairs being rolled out, and budgeted rollouts started but not yet
-        # counted: concurrent evaluations (parallel proposals) neither repeat a rollout nor
-        # together overrun the budget
+        # (digest, task) pairs being rolled out: concurrent evaluations (parallel proposals)
+        # do not repeat a rollout
         self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
-        self._rollouts_in_flight = 0
         self._rows: dict[str, dict[str, Any]] = dict(rows or {})
         self._candidates: dict[str, Candidate] = {}
         self._seq = 0
-        self._proposal_seq = 0
         # bounds rollouts in flight, so latency_s measures the call, not the queue
         self._slots = asyncio.Semaphore(spec.concurrency)
-        # a container that stops answering (its process died) is restarted once per run
-        self._restart_container = restart_container
         # model calls go through the inference gateway: per-rollout URLs, metered cost
         self.gateway = gateway
-        self._restart_lock = asyncio.Lock()
-        self._container_generation = 0
-        self._container_restarts = 0
-        self._container_lost: str | None = None
+        # a container that stops answering (its process died) is restarted once per run
+        self.container = ContainerKeeper(client, spec.container.name, restart_container, self.event)
         # spend metered by an earlier process of this run (restored from its checkpoint)
         self._carried_cost = 0.0
         self.seed_candidate = self.add_candidate(dict(program.seed_candidate), (), "seed")
@@ -85,58 +84,48 @@ class RunContext:
 
     def snapshot(self) -> dict[str, Any]:
         """What a resumed run needs to go on from here (see harness/checkpoint.py)."""
-        return {"usage": asdict(self.usage), "seq": self._seq, "proposal_seq": self._proposal_seq,
-                "elapsed_s": self.elapsed(), "container_restarts": self._container_restarts,
-                "evidence": {name: [dict(row) for row in rows] for name, rows in asdict(self.evidence).items()}}
+        return {"usage": asdict(self.usage), "seq": self._seq, "proposal_seq": self.recorder.proposal_seq,
+                "elapsed_s": self.elapsed(), "container_restarts": self.container.restarts,
+                "evidence": asdict(self.recorder.evidence())}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take up a snapshot: candidates, evidence, counters, the clock, and every rollout
         it recorded as cached, so none is rolled out again."""
         self.usage = Usage(**state["usage"])
+        self.budget.usage = self.usage
         self._carried_cost = self.usage.cost_usd if self.gateway is not None else 0.0
-        self.evidence = Evidence(**state["evidence"])
-        self._seq, self._proposal_seq = state["seq"], state["proposal_seq"]
-        self._container_restarts = state["container_restarts"]
-        self.started = time.monotonic() - state["elapsed_s"]
+        self.recorder.restore(Evidence(**state["evidence"]), state["proposal_seq"])
+        self._seq = state["seq"]
+        self.container.restarts = state["container_restarts"]
+        self.budget.resume_clock(state["elapsed_s"])
         self._candidates = {}
-        for row in self.evidence.candidates:
-            candidate = Candidate(candidate_id=row["candidate_id"], index=row["index"],
-                                  texts=json.loads(row["modules_json"]), parent_ids=tuple(row["parent_ids"]),
-                                  generation=row["generation"], origin=row["origin"])
+        for row in self.recorder.candidates:
+            candidate = Candidate(candidate_id=row.candidate_id, index=row.index, texts=json.loads(row.modules_json),
+                                  parent_ids=tuple(row.parent_ids), generation=row.generation, origin=row.origin)
             self._candidates[candidate.candidate_id] = candidate
-        self.seed_candidate = self._candidates[self.evidence.candidates[0]["candidate_id"]]
+        self.seed_candidate = self._candidates[self.recorder.candidates[0].candidate_id]
         self._cache = {}
-        for row in self.evidence.rollouts:
-            if row["status"] == "refused":
+        for rollout in self.recorder.rollouts:
+            if rollout.status == "refused":
                 continue  # never ran: not a result
-            candidate = self._candidates[row["candidate_id"]]
-            self._cache[(candidate.digest, row["task_id"])] = RolloutResult(
-                candidate_id=row["candidate_id"], task_id=row["task_id"], reward=row["reward"], status=row["status"],
-                error=row["error"], feedback=row["feedback"] or "", output=row["output"] or "",
-                task=self._rows.get(row["task_id"]), inputs=row.get("inputs"),
-                feedback_source=row.get("feedback_source"))
+            candidate = self._candidates[rollout.candidate_id]
+            self._cache[(candidate.digest, rollout.task_id)] = RolloutResult(
+                candidate_id=rollout.candidate_id, task_id=rollout.task_id, reward=rollout.reward,
+                status=rollout.status, error=rollout.error, feedback=rollout.feedback or "",
+                output=rollout.output or "", task=self._rows.get(rollout.task_id), inputs=rollout.inputs,
+                feedback_source=rollout.feedback_source)
 
     # ---- time and budget -------------------------------------------------------
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.budget.elapsed()
 
-    def stop_reason(self, generation: int | None = None) -> str | None:
-        budget = self.spec.budget
-        if budget.max_wall_s is not None and self.elapsed() >= budget.max_wall_s:
-            return "max_wall_s"
-        spent = self.usage.cost_usd
-        if budget.max_cost_usd is not None and (spent >= budget.max_cost_usd or self.usage.budget_refused):
-            return "max_cost_usd"
-        if budget.max_generations is not None and generation is not None and generation >= budget.max_generations:
-            return "max_generations"
-        if self.usage.rollouts >= budget.max_rollouts:
-            return "max_rollouts"
-        return None
+    def stop_reason(self, generation: int | None = None) -> StopReason | None:
+        return self.budget.stop_reason(generation)
 
     @property
     def rollouts_left(self) -> int:
-        return self.spec.budget.max_rollouts - self.usage.rollouts - self._rollouts_in_flight
+        return self.budget.rollouts_left
 
     def uncached(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...]) -> list[str]:
         seen: set[str] = set()
@@ -158,19 +147,18 @@ class RunContext:
             parent_ids=tuple(parent_ids), generation=generation, origin=origin,
         )
         self._candidates[candidate.candidate_id] = candidate
-        self.evidence.candidates.append({
-            "run_id": self.run_id, "candidate_id": candidate.candidate_id, "index": index,
-            "parent_ids": list(parent_ids), "generation": generation, "origin": origin,
-            "digest": digest_of(texts), "modules_json": json.dumps(texts, sort_keys=True, ensure_ascii=False),
-            "rollouts_at_creation": self.usage.rollouts, "cost_usd_at_creation": None if self.usage.cost_unknown else self.usage.cost_usd,
-            "elapsed_s_at_creation": self.elapsed(),
-        })
+        self.recorder.candidate(candidate, rollouts=self.usage.rollouts, elapsed_s=self.elapsed(),
+                                cost_usd=None if self.usage.cost_unknown else self.usage.cost_usd)
         return candidate
+
+    @property
+    def evidence(self) -> Evidence:
+        """The evidence tables so far, as plain rows (made and changed by `recorder` only)."""
+        return self.recorder.evidence()
 
     def set_origin(self, candidate_id: str, origin: str) -> None:
         """Mark a candidate after the fact (e.g. a proposal rejected on its minibatch)."""
-        index = self._candidates[candidate_id].index
-        self.evidence.candidates[index]["origin"] = origin
+        self.recorder.set_origin(candidate_id, origin)
 
     def candidate(self, candidate_id: str) -> Candidate:
         return self._candidates[candidate_id]
@@ -198,19 +186,12 @@ class RunContext:
         elsewhere = {self._in_flight[(candidate.digest, t)] for t in task_ids if (candidate.digest, t) in self._in_flight}
         optimizing = stage in OPTIMIZATION_STAGES
         if optimizing and todo:
-            reason = self.stop_reason()
-            if reason is None and len(todo) > self.rollouts_left:
-                reason = "max_rollouts"
-            if reason is None and self.gateway is not None and self.gateway.over_budget(
-                    rollouts=len(todo), rollouts_done=self.usage.rollouts):
-                reason = "max_cost_usd"
-            if reason is not None:
-                raise BudgetExhausted(reason)
+            self.budget.check_rollouts(len(todo))
         if todo:
             mine = {(candidate.digest, t): asyncio.Event() for t in todo}
             self._in_flight.update(mine)
             if optimizing:
-                self._rollouts_in_flight += len(todo)
+                self.budget.start_rollouts(len(todo))
             try:
                 await self._evaluate_new(candidate, todo, stage)
             finally:
@@ -222,8 +203,8 @@ class RunContext:
         if any((candidate.digest, t) not in self._cache for t in task_ids):
             # the other evaluation's rollout of a pair was refused (budget) or ended with an error
             if self.usage.budget_refused:
-                raise BudgetExhausted("max_cost_usd")
-            raise RunFailed(self._container_lost or "a rollout awaited from a concurrent evaluation did not finish")
+                raise self.budget.refused_by_gateway()
+            raise RunFailed(self.container.lost or "a rollout awaited from a concurrent evaluation did not finish")
         return [self._cache[(candidate.digest, t)] for t in task_ids]
 
     async def _evaluate_new(self, candidate: Candidate, todo: list[str], stage: str) -> None:
@@ -249,9 +230,9 @@ class RunContext:
             else:
                 self._cache[(candidate.digest, task_id)] = result
         if any(self.rollout_id(candidate, t) in refused for t in todo):
-            raise BudgetExhausted("max_cost_usd")
-        if self._container_lost is not None:
-            raise RunFailed(self._container_lost)
+            raise self.budget.refused_by_gateway()
+        if self.container.lost is not None:
+            raise RunFailed(self.container.lost)
         self._check_error_rate()
         self.notify(stage)
 
@@ -273,7 +254,7 @@ class RunContext:
         async with self._slots:
             started = time.monotonic()
             try:
-                response = await self._send(request, answers)
+                response = await self.container.send(request, answers)
             except ServiceError as exc:
                 response = None
                 error, error_kind = str(exc), exc.kind.value
@@ -285,82 +266,41 @@ class RunContext:
             prompt_tokens, completion_tokens = response.usage.prompt_tokens, response.usage.completion_tokens
             container_cost = response.usage.cost_usd
         status = "ok" if outcome.reward is not None else "error"
-        cost = container_cost if container_cost is not None else cost_usd(
+        # without the gateway the run prices the call; with it, the gateway's ledger does
+        cost = None if self.gateway is not None else container_cost if container_cost is not None else cost_usd(
             self.policy.provider, self.policy.model, prompt_tokens, completion_tokens)
         self._account(stage, status, prompt_tokens, completion_tokens, cost)
-        self.evidence.rollouts.append({
-            "run_id": self.run_id, "seq": seq, "rollout_id": rollout_id, "candidate_id": candidate.candidate_id,
-            "task_id": task_id, "split": task_id.split(":", 1)[0], "stage": stage, "reward": outcome.reward,
-            "status": status, "container_status": outcome.container_status, "error": outcome.error,
-            "error_kind": outcome.error_kind, "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens, "cost_usd": cost, "latency_s": latency,
-            "elapsed_s": self.elapsed(), "output": outcome.output, "feedback": outcome.feedback,
-            "feedback_source": outcome.feedback_source, "inputs": outcome.inputs,
-        })
+        self.recorder.rollout(
+            seq=seq, rollout_id=rollout_id, candidate_id=candidate.candidate_id, task_id=task_id,
+            split=task_id.split(":", 1)[0], stage=stage, reward=outcome.reward, status=status,
+            container_status=outcome.container_status, error=outcome.error, error_kind=outcome.error_kind,
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, latency_s=latency,
+            elapsed_s=self.elapsed(), output=outcome.output, feedback=outcome.feedback,
+            feedback_source=outcome.feedback_source, inputs=outcome.inputs)
         return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=outcome.reward,
                              status=status, error=outcome.error, feedback=outcome.feedback, output=outcome.output,
                              task=row, inputs=outcome.inputs, feedback_source=outcome.feedback_source)
 
-    async def _send(self, request: RolloutRequest, answers: list[str]) -> Any:
-        """One rollout call. When the container refuses the connection (its process died),
-        restart it through the hook and send the same request once more."""
-        generation = self._container_generation
-        try:
-            return await self.client.rollout(request, answers)
-        except Unreachable as exc:
-            if not await self._revive_container(generation, str(exc)):
-                raise
-        return await self.client.rollout(request, answers)
-
     def restarted_before_start(self, error: str) -> None:
         """Preflight found the container dead and restarted it: that was this run's restart."""
-        self._container_restarts = 1
-        name = self.spec.container.name
-        self.event("container_restart", f"container {name} did not answer preflight; restarting it", error=error)
-        self.event("container_restarted", f"container {name} answers again")
-
-    async def _revive_container(self, generation: int, error: str) -> bool:
-        """True when the container answers again (restarted by this call or by a concurrent
-        rollout since `generation`); False, with the run marked lost, when it cannot be."""
-        async with self._restart_lock:
-            if self._container_lost is not None:
-                return False
-            if self._container_generation != generation:
-                return True  # another rollout restarted it while this one waited
-            name = self.spec.container.name
-            if self._restart_container is None:
-                self._container_lost = (f"container {name} stopped answering and cannot be restarted (attached "
-                                        f"by url, not started by the harness: start it again, then rerun): {error}")
-            elif self._container_restarts >= 1:
-                self._container_lost = f"container {name} stopped answering again after a restart: {error}"
-            else:
-                self._container_restarts += 1
-                self.event("container_restart", f"container {name} stopped answering; restarting it", error=error)
-                try:
-                    await self._restart_container()
-                except HarnessError as exc:
-                    self._container_lost = f"container {name} stopped answering and the restart failed: {exc}"
-                else:
-                    self._container_generation += 1
-                    self.event("container_restarted", f"container {name} answers again")
-                    return True
-            return False
+        self.container.restarted_before_start(error)
 
     def _account(self, stage: str, status: str, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
         usage = self.usage
         if stage in OPTIMIZATION_STAGES:
             usage.rollouts += 1
-            self._rollouts_in_flight -= 1  # started in evaluate; now counted as spent
+            self.budget.finish_rollout()  # started in evaluate; now counted as spent
         else:
             usage.heldout_rollouts += 1
         if status != "ok":
             usage.failed_rollouts += 1
         usage.policy_prompt_tokens += prompt_tokens
         usage.policy_completion_tokens += completion_tokens
-        if cost is None:
-            usage.cost_unknown = True
-        else:
-            usage.cost_usd += cost
+        if self.gateway is None:  # with the gateway, its ledger is the run's cost (see sync_spend)
+            if cost is None:
+                usage.cost_unknown = True
+            else:
+                usage.cost_usd += cost
         self.notify(stage)  # per rollout: a person watching sees each one land, not each batch
 
     def _check_error_rate(self, final: bool = False) -> None:
@@ -368,10 +308,9 @@ class RunContext:
         at the end of the run (`final`) whatever the count."""
         total = self.usage.rollouts + self.usage.heldout_rollouts
         if total >= (1 if final else 10) and self.usage.failed_rollouts / total > self.max_error_rate:
-            last = next((r["error"] for r in reversed(self.evidence.rollouts) if r["error"]), "")
             raise RunFailed(
                 f"{self.usage.failed_rollouts}/{total} rollouts failed (tolerance {self.max_error_rate:.0%}); "
-                f"last error: {last}", stop_reason="error_rate")
+                f"last error: {self.recorder.last_error()}", stop_reason=StopReason.ERROR_RATE)
 
     def check_error_rate(self) -> None:
         """The end-of-run check (see _check_error_rate)."""
@@ -384,11 +323,7 @@ class RunContext:
         """One proposer call, metered. Raises BudgetExhausted when the cost budget is spent
         or the wall budget runs out, also during the call. The call's gateway scope is
         appended to `scopes`, for `record_proposal`."""
-        reason = self.stop_reason()
-        if reason in ("max_cost_usd", "max_wall_s"):
-            raise BudgetExhausted(reason)
-        if self.gateway is not None and self.gateway.over_budget(proposer_calls=1):
-            raise BudgetExhausted("max_cost_usd")
+        self.budget.check_proposal()
         # A seed drawn from the run's RNG keeps sampled proposals reproducible.
         client = self.proposer_client
         scope = None
@@ -400,29 +335,27 @@ class RunContext:
         call = client.complete(messages, temperature=temperature, max_tokens=max_tokens,
                                seed=self.rng.randrange(2**31))
         self.notify("proposing")  # a local proposer's reply takes tens of seconds: say what is going on
-        wall = self.spec.budget.max_wall_s
         try:
-            if wall is None:
-                result = await call
-            else:  # a slow proposer (minutes on a local model) must not carry the run past its wall budget
-                result = await asyncio.wait_for(call, timeout=max(0.0, wall - self.elapsed()))
+            # a slow proposer (minutes on a local model) must not carry the run past its wall budget
+            result = await asyncio.wait_for(call, timeout=self.budget.wall_left())
         except TimeoutError:
-            raise BudgetExhausted("max_wall_s") from None
+            raise BudgetExhausted(StopReason.MAX_WALL_S) from None
         except ServiceError:
             if self.gateway is not None:
                 await self.sync_spend()
                 if scope in self.gateway.spend.refused_scopes:
-                    raise BudgetExhausted("max_cost_usd") from None
+                    raise self.budget.refused_by_gateway() from None
             raise
-        cost = self.proposer_cost(result.prompt_tokens, result.completion_tokens)
         self.usage.proposer_calls += 1
         self.usage.proposer_prompt_tokens += result.prompt_tokens
         self.usage.proposer_completion_tokens += result.completion_tokens
-        if cost is None:
-            self.usage.cost_unknown = True
-        else:
-            self.usage.cost_usd += cost
-        if self.gateway is not None and self.gateway.refresh_due():
+        if self.gateway is None:  # with the gateway, its ledger is the run's cost (see sync_spend)
+            cost = self.proposer_cost(result.prompt_tokens, result.completion_tokens)
+            if cost is None:
+                self.usage.cost_unknown = True
+            else:
+                self.usage.cost_usd += cost
+        elif self.gateway.refresh_due():
             await self.sync_spend()
         return result
 
@@ -436,34 +369,27 @@ class RunContext:
         simulators too); returns the scopes it refused since the last look."""
         assert self.gateway is not None
         refused = await self.gateway.refresh()
-        spend = self.gateway.spend
+        spend = self.budget.gateway_spend = self.gateway.spend
         self.usage.cost_usd = self._carried_cost + spend.cost_usd
         self.usage.cost_unknown = self.usage.cost_unknown or spend.unknown_cost_calls > 0
         self.usage.budget_refused = self.usage.budget_refused or bool(refused)
         return refused
 
     def _mark_refused(self, rollout_id: str) -> None:
-        row = next(r for r in reversed(self.evidence.rollouts) if r["rollout_id"] == rollout_id)
-        if row["status"] != "ok":
+        if self.recorder.refuse(rollout_id):
             self.usage.failed_rollouts -= 1
-        row.update(status="refused", error_kind="budget", reward=None)
 
     def proposer_cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         return cost_usd(self.spec.proposer.provider, self.spec.proposer.model, prompt_tokens, completion_tokens)
 
+    def adopt_lineage(self, parents: dict[str, list[str]], origin: str) -> list[dict[str, Any]]:
+        """Another optimizer's candidate tree becomes the lineage (see `Recorder.adopt_lineage`)."""
+        return self.recorder.adopt_lineage(parents, origin)
+
     def record_proposal(self, proposer_scopes: list[str] | None = None, **fields: Any) -> str:
         """Add a proposals row; `proposer_scopes` (from `propose(scopes=...)`) ties its
         proposer calls to it, else every call since the last recorded proposal is."""
-        proposal_id = f"p{self._proposal_seq:04d}"
-        self._proposal_seq += 1
-        row = {name: None for name in (
-            "iteration", "parent_id", "child_id", "module", "proposer_model", "edit_format", "attempts", "status",
-            "changed", "accepted", "parent_minibatch_score", "child_minibatch_score", "prompt_tokens",
-            "completion_tokens", "cost_usd", "latency_s", "error", "proposer_prompt", "proposer_replies",
-            "screened_out_json", "truncated_replies", "learned_lines", "merged_from")}
-        row.update(fields)
-        row.update({"run_id": self.run_id, "proposal_id": proposal_id})
-        self.evidence.proposals.append(row)
+        proposal_id = self.recorder.proposal(fields)
         if self.gateway is not None:
             self.gateway.assign_proposal(proposal_id, proposer_scopes)
         return proposal_id
@@ -471,10 +397,7 @@ class RunContext:
     # ---- events and progress ---------------------------------------------------------
 
     def event(self, kind: str, message: str, **data: Any) -> None:
-        self.evidence.events.append({
-            "run_id": self.run_id, "seq": len(self.evidence.events), "elapsed_s": self.elapsed(),
-            "kind": kind, "message": message, "data_json": json.dumps(data, sort_keys=True, default=str),
-        })
+        self.recorder.event(kind, message, self.elapsed(), data)
 
     def report_best(self, score: float) -> None:
         self.best_score = score if self.best_score is None else max(self.best_score, score)

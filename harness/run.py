@@ -19,6 +19,7 @@ from harness.client import ContainerClient, Gate
 from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
 from harness.errors import HarnessError, PreflightError, Unreachable
+from harness.evidence.recorder import model_call_rows
 from harness.evidence.writer import EvidenceLocation
 from harness.gateway.session import GatewaySession
 from harness.llm import ChatClient
@@ -212,7 +213,7 @@ async def execute_run(
             else:
                 stop_reason, best_id, timings = restored.stop_reason, restored.best_candidate_id, dict(restored.timings)
                 ctx.event("resumed", f"resumed from its checkpoint: optimization done, {len(restored.heldout)} "
-                          "candidate(s) re-scored on heldout", rollouts_recorded=len(ctx.evidence.rollouts))
+                          "candidate(s) re-scored on heldout", rollouts_recorded=len(ctx.recorder.rollouts))
             t_heldout = time.monotonic()
             heldout = await _score_heldout(ctx, best_id, [HeldoutScore(**h) for h in restored.heldout]
                                            if restored else [], checkpoint)
@@ -347,12 +348,13 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
                stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
                timings: dict[str, float], model_calls: list[dict[str, Any]] | None = None,
                gateway_summary: dict[str, Any] | None = None, logs: tuple[str, ...] = ()) -> None:
+    ctx.recorder.settle_costs(model_calls or [])
     evidence = ctx.evidence
     location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
     location.write_table("candidates", evidence.candidates)
     location.write_table("proposals", evidence.proposals)
     location.write_table("events", evidence.events)
-    location.write_table("model_calls", model_calls or [])
+    location.write_table("model_calls", model_call_rows(model_calls or []))
     usage = ctx.usage
     manifest: dict[str, Any] = {
         "run_id": spec.run_id, "sweep": spec.sweep, "status": status, "error": error, "stop_reason": stop_reason,

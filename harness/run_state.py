@@ -1,29 +1,23 @@
-"""What a run has spent and recorded, its progress, and the two ways it stops early:
-plain values the run context keeps and the optimizers, the driver and the report read."""
+"""What a run has spent and recorded, its progress, and the two ways it stops early
+(BudgetExhausted, in harness/budget.py, and RunFailed): plain values the run context
+keeps and the optimizers, the driver and the report read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.budget import StopReason
 from harness.errors import HarnessError
 
 OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
-
-
-class BudgetExhausted(Exception):
-    """The next step would cross a budget; the optimizer stops cleanly."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 class RunFailed(HarnessError):
     """Too many failed rollouts (stop reason `error_rate`) or a container lost for good
     (`container_lost`): the run stops with a clear status."""
 
-    def __init__(self, message: str, stop_reason: str = "container_lost"):
+    def __init__(self, message: str, stop_reason: StopReason = StopReason.CONTAINER_LOST):
         super().__init__(message)
         self.stop_reason = stop_reason
 

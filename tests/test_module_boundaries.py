@@ -16,10 +16,10 @@ from algorithms.protocol import RunView
 from harness.context import RunContext
 
 PACKAGES = ("harness", "algorithms", "benchmarks")
-# What an optimizer may import from the harness: the value types it handles and the run's
-# errors; never how a run is built (harness.context, harness.run, Ray, Hydra).
+# What an optimizer may import from the harness: the value types it handles, the run's
+# errors and its budget authority; never how a run is built (harness.context, harness.run, Ray, Hydra).
 ALGORITHMS_MAY_IMPORT = frozenset({
-    "harness.candidates", "harness.contract", "harness.errors", "harness.llm", "harness.run_state", "harness.specs",
+    "harness.budget", "harness.candidates", "harness.contract", "harness.errors", "harness.llm", "harness.run_state", "harness.specs",
 })
 # The faces of `algorithms` the rest of the project may use.
 ALGORITHMS_FACES = frozenset({"algorithms.registry", "algorithms.protocol"})

@@ -1,64 +1,28 @@
 """What the iterations in flight share (parallel proposals): the iteration counter, the
-idle count, the stop reason, and the rollouts each has reserved but not started yet."""
+idle count and the stop reason."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-
-class Reservation:
-    """Rollouts one iteration may still start: what it reserved, less what it started."""
-
-    def __init__(self, needed: int):
-        self.left = needed
-
-    def spend(self, rollouts: int) -> None:
-        self.left = max(0, self.left - rollouts)
-
-    def extend(self, rollouts: int) -> None:
-        """Reserve more (an accepted child's pareto scoring) once it is known to fit."""
-        self.left += rollouts
+from harness.budget import Budget, StopReason
 
 
 class LoopState:
-    """The context already counts started rollouts in `rollouts_left`; reservations are
-    those iterations in flight have yet to start."""
+    """The iteration counter, the idle count and the stop reason the workers share; the
+    rollouts each has reserved are held by the run's budget (harness/budget.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: Budget) -> None:
         self.iteration = 0
         self.idle = 0
-        self.stop: str | None = None
-        self._reservations: list[Reservation] = []
-        self._released = asyncio.Event()
+        self.stop: StopReason | None = None
+        self._budget = budget
 
-    def reserved(self) -> int:
-        return sum(r.left for r in self._reservations)
-
-    def reserve(self, needed: int) -> "Reserved":
-        return Reserved(self, Reservation(needed))
-
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: StopReason) -> None:
         if self.stop is None:
             self.stop = reason
-        self._released.set()
-
-    async def wait_for_release(self) -> None:
-        self._released.clear()
-        await self._released.wait()
-
-
-class Reserved:
-    def __init__(self, loop: LoopState, reservation: Reservation):
-        self.loop, self.reservation = loop, reservation
-
-    def __enter__(self) -> Reservation:
-        self.loop._reservations.append(self.reservation)
-        return self.reservation
-
-    def __exit__(self, *_: object) -> None:
-        self.loop._reservations.remove(self.reservation)
-        self.loop._released.set()
+        self._budget.wake_waiters()  # workers waiting for reserved rollouts see the stop
 
 
 async def all_or_first_error(coroutines: list[Any]) -> None:

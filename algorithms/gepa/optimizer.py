@@ -6,8 +6,9 @@ rows. The run's pick is the best pareto mean.
 
 With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
 so the model's latency is overlapped rather than paid one minibatch at a time. Each
-iteration reserves its minibatch rollouts before it starts and its pareto rollouts when
-its child is accepted, so together they never overrun the budget; which candidate gets
+iteration reserves its minibatch rollouts with the run's budget before it starts, and an
+accepted child is scored on the pareto pool only if that fits beside the others'
+reservations, so together they never overrun the budget; which candidate gets
 which id then depends on response order."""
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from algorithms.gepa.edits import LearnedModule, union
-from algorithms.gepa.loop import LoopState, Reservation, all_or_first_error
+from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
 from algorithms.protocol import OptimizerResult, RunView
+from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatResult
-from harness.run_state import BudgetExhausted
 
 
 class GepaParams(BaseModel):
@@ -108,14 +109,14 @@ class GepaOptimizer:
         self._proposer_errors = 0
         self._rotation = Rotation(ctx.target_modules)
         self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
-        loop = LoopState()
+        loop = LoopState(ctx.budget)
         workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
         if len(workers) == 1:
             await workers[0]
         else:
             await all_or_first_error(workers)
         best = frontier.best()
-        stop = loop.stop or "max_rollouts"
+        stop = loop.stop or StopReason.MAX_ROLLOUTS
         ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
         return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
 
@@ -127,42 +128,40 @@ class GepaOptimizer:
                 break
             if loop.idle >= self.params.max_idle_iterations:
                 ctx.event("stalled", f"{loop.idle} iterations in a row spent no rollouts")
-                loop.finish("stalled")
+                loop.finish(StopReason.STALLED)
                 break
             iteration = loop.iteration
             loop.iteration += 1
             spent_before = ctx.usage.rollouts
             try:
-                await self._iterate(ctx, frontier, iteration, loop)
+                await self._iterate(ctx, frontier, iteration)
             except BudgetExhausted as exhausted:
                 if loop.iteration == iteration + 1:
                     loop.iteration = iteration  # an iteration that did not happen does not count
-                if exhausted.reason == "max_rollouts" and loop.reserved():
-                    await loop.wait_for_release()  # the others may not need all they reserved
+                if exhausted.reason is StopReason.MAX_ROLLOUTS and ctx.budget.reserved:
+                    await ctx.budget.wait_for_release()  # the others may not need all they reserved
                     continue
                 loop.finish(exhausted.reason)
                 break
             loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
 
-    async def _iterate(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, loop: LoopState) -> None:
+    async def _iterate(self, ctx: RunView, frontier: ParetoFrontier, iteration: int) -> None:
         params = self.params
         k = min(params.minibatch_size, len(ctx.pools.train))
         minibatch = self._sampler.next(k)
         pair = self._merge_pair(ctx, frontier) if params.merge_every and (iteration + 1) % params.merge_every == 0 \
             else None
         parents = [ctx.candidate(c) for c in pair] if pair else [ctx.candidate(frontier.sample(ctx.rng))]
-        # the minibatch part must fit now; the pareto part is reserved on acceptance
+        # the minibatch part must fit now; the pareto part is checked on acceptance
         needed = sum(len(ctx.uncached(p, minibatch)) for p in parents) + k
-        if needed > ctx.rollouts_left - loop.reserved():
-            raise BudgetExhausted("max_rollouts")
-        with loop.reserve(needed) as reservation:
+        with ctx.budget.reserve(needed) as reservation:
             if pair:
-                await self._merge(ctx, frontier, iteration, parents, minibatch, reservation, loop)
+                await self._merge(ctx, frontier, iteration, parents, minibatch, reservation)
             else:
-                await self._reflect(ctx, frontier, iteration, parents[0], minibatch, reservation, loop)
+                await self._reflect(ctx, frontier, iteration, parents[0], minibatch, reservation)
 
     async def _reflect(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parent: Candidate,
-                       minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
+                       minibatch: list[str], reservation: Reservation) -> None:
         reservation.spend(len(ctx.uncached(parent, minibatch)))
         parent_results = await ctx.evaluate(parent, minibatch, "minibatch")
         parent_score = mean_reward(parent_results)
@@ -173,10 +172,10 @@ class GepaOptimizer:
         module, turn = self._rotation.next(iteration)
         child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         if child is not None:
-            await self._judge(ctx, frontier, child, minibatch, reservation, loop, [parent_score], "proposal")
+            await self._judge(ctx, frontier, child, minibatch, reservation, [parent_score], "proposal")
 
     async def _judge(self, ctx: RunView, frontier: ParetoFrontier, child: tuple[Candidate, dict[str, Any]],
-                     minibatch: list[str], reservation: Reservation, loop: LoopState,
+                     minibatch: list[str], reservation: Reservation,
                      parent_scores: list[float | None], origin: str) -> None:
         """Score the child on the minibatch, accept it on improvement over its best parent
         (a merge needs only to match it), then score it on the pareto pool."""
@@ -189,7 +188,7 @@ class GepaOptimizer:
         accepted = child_score is not None and bar is not None and (
             child_score >= bar + margin if origin == "merge" else child_score > bar + margin)
         pareto = ctx.uncached(candidate, list(ctx.pools.pareto))
-        unscorable = accepted and len(pareto) > ctx.rollouts_left - loop.reserved() + reservation.left
+        unscorable = accepted and not ctx.budget.fits_beyond_reserved(len(pareto), reservation)
         if unscorable:  # accepted ones are exactly those on the frontier: this one cannot get there
             accepted = False
             fields = {**fields, "error": "better on the minibatch, but the budget left cannot score it on the "
@@ -198,11 +197,9 @@ class GepaOptimizer:
                             child_minibatch_score=child_score)
         ctx.set_origin(candidate.candidate_id, origin if accepted else "rejected")
         if unscorable:
-            raise BudgetExhausted("max_rollouts")
+            raise BudgetExhausted(StopReason.MAX_ROLLOUTS)
         if not accepted:
             return
-        reservation.extend(len(pareto))
-        reservation.spend(len(pareto))
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
@@ -240,7 +237,7 @@ class GepaOptimizer:
         return merged if merged != first else None
 
     async def _merge(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],
-                     minibatch: list[str], reservation: Reservation, loop: LoopState) -> None:
+                     minibatch: list[str], reservation: Reservation) -> None:
         scores = []
         for parent in parents:
             reservation.spend(len(ctx.uncached(parent, minibatch)))
@@ -254,7 +251,7 @@ class GepaOptimizer:
                   "changed": True, "parent_minibatch_score": max((s for s in scores if s is not None), default=None),
                   "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "latency_s": 0.0, "error": None,
                   "merged_from": [p.candidate_id for p in parents]}
-        await self._judge(ctx, frontier, (child, fields), minibatch, reservation, loop, scores, "merge")
+        await self._judge(ctx, frontier, (child, fields), minibatch, reservation, scores, "merge")
 
     # ---- reflection ---------------------------------------------------------------------
 

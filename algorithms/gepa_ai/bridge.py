@@ -5,7 +5,8 @@ Everything that touches the context runs on the loop (`Bridge.call` submits a co
 and waits), so the context is only ever used from one thread. The bridge is also the
 library's reflection model, its stop condition and its callback object: from those it
 maps library candidates to ours (one id per digest, parent = the iteration's selected
-parent), records proposals and events, and stops the library at the budget.
+parent), records proposals and events, and stops the library where the run's budget
+(harness/budget.py) says.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from gepa.strategies.instruction_proposal import InstructionProposalSignature
 from algorithms.gepa.proposer import task_context
 from algorithms.gepa_ai.params import GepaLibraryParams
 from algorithms.protocol import RunView
+from harness.budget import BudgetExhausted, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatMessage, ChatResult
-from harness.run_state import BudgetExhausted
 
 T = TypeVar("T")
 
@@ -82,7 +83,7 @@ class Bridge:
         self.prompt_template = reflection_template(params, ctx.task_info)
         self.edit_format = ("library_template" if params.reflection_prompt_template else
                             "library_task_context" if self.prompt_template else "library_default")
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self.fatal: BaseException | None = None
         self.cancelled = False
         self.completed_iterations = 0
@@ -160,11 +161,7 @@ class Bridge:
         needed = len(set(task_ids)) if candidate is None else len(ctx.uncached(candidate, task_ids))
         try:
             if candidate is None:  # refuse before creating a candidate that would have no rollouts
-                reason = ctx.stop_reason()
-                if reason is None and needed > ctx.rollouts_left:
-                    reason = "max_rollouts"
-                if reason is not None:
-                    raise BudgetExhausted(reason)
+                ctx.budget.check_rollouts(needed)
                 parents = (it.parent_id,) if it is not None and it.parent_id is not None else ()
                 candidate = ctx.add_candidate(texts, parents, "library")
                 self.by_digest[digest] = candidate
@@ -186,7 +183,7 @@ class Bridge:
     def library_metric_calls(self) -> int:
         return self.library_state.total_num_evals if self.library_state is not None else 0
 
-    def _record_budget_stop(self, reason: str, how: str, **data: Any) -> None:
+    def _record_budget_stop(self, reason: StopReason, how: str, **data: Any) -> None:
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
@@ -285,7 +282,7 @@ class Bridge:
         self._idle = self._idle + 1 if rollouts == self._last_rollouts else 0
         self._last_rollouts = rollouts
         if self._idle >= self.params.max_idle_iterations:
-            self.stop_reason = "stalled"
+            self.stop_reason = StopReason.STALLED
             ctx.event("stalled", f"{self._idle} iterations in a row spent no rollouts")
 
     # ---- library callbacks ----------------------------------------------------------------

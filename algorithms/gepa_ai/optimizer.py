@@ -6,11 +6,12 @@ bridge (rollouts via `RunView.evaluate`, reflection via `RunView.propose`, both 
 the run's event loop). Train minibatches come from the train pool and the library's
 valset is the pareto pool, so both GEPA arms select on the same rows.
 
-Budget: the library gets `max_metric_calls` = the rollouts left, but checks it only
-between iterations, so one iteration can overshoot. The adapter therefore refuses any
-evaluation whose uncached rollouts do not fit (the context raises before any rollout);
-the refusal aborts the library's iteration, is recorded as a `budget_stop` event, and the
-bridge's stop condition ends the library's loop, which returns its result normally.
+Budget: the library gets `max_metric_calls` from the run's budget (the rollouts left;
+harness/budget.py decides every stop), but checks it only between iterations, so one
+iteration can overshoot. The adapter therefore refuses any evaluation whose uncached
+rollouts do not fit (the budget says so before any rollout); the refusal aborts the
+library's iteration, is recorded as a `budget_stop` event, and the bridge's stop
+condition ends the library's loop, which returns its result normally.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from algorithms.gepa_ai.adapter import HarnessAdapter, TaskIdLoader
 from algorithms.gepa_ai.bridge import Bridge, Halt
 from algorithms.gepa_ai.params import GepaLibraryParams
 from algorithms.protocol import OptimizerResult, RunView
+from harness.budget import StopReason
 from harness.candidates import digest_of
 from harness.errors import HarnessError
 
@@ -46,7 +48,7 @@ class GepaLibraryOptimizer:
 
     async def run(self, ctx: RunView) -> OptimizerResult:
         bridge = Bridge(ctx, asyncio.get_running_loop(), self.params)
-        budget = ctx.rollouts_left
+        budget = ctx.budget.library_metric_calls()
         error: BaseException | None = None
         result: GEPAResult | None = None
         try:
@@ -62,13 +64,13 @@ class GepaLibraryOptimizer:
             raise self._failure(ctx, bridge, failure) from failure
         seed = ctx.seed_candidate
         if result is None:  # the seed's pareto evaluation did not fit the budget
-            stop = bridge.stop_reason or "max_rollouts"
+            stop = bridge.stop_reason or StopReason.MAX_ROLLOUTS
             ctx.event("stop", f"stopped: {stop}", iterations=0, best=seed.candidate_id, best_score=None)
             return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=stop)
         best = self._map_tree(ctx, bridge, result)
         stop = bridge.stop_reason
         if stop is None:  # the library's own max_metric_calls stopper (its count >= ours)
-            stop = "max_rollouts"
+            stop = StopReason.MAX_ROLLOUTS
             ctx.event("library_stop", "the library's max_metric_calls stopper ended the run",
                       library_metric_calls=result.total_metric_calls, rollouts=ctx.usage.rollouts)
         ctx.event("stop", f"stopped: {stop}", iterations=bridge.completed_iterations, best=best,
@@ -118,21 +120,15 @@ class GepaLibraryOptimizer:
             if candidate is None:
                 raise GepaLibraryError("the library returned a candidate that was never evaluated through the run")
             ids.append(candidate.candidate_id)
-        rows = ctx.evidence.candidates
-        seen, fixed = {ids[0]}, []
+        lineage: dict[str, list[str]] = {}
         for idx in range(1, len(ids)):
             child = ids[idx]
-            if child in seen:  # a duplicate of an earlier pool member: the first lineage stands
+            if child in lineage or child == ids[0]:  # a duplicate of an earlier member: the first lineage stands
                 continue
-            seen.add(child)
-            parents = list(dict.fromkeys(ids[p] for p in result.parents[idx] if p is not None and ids[p] != child))
-            row = rows[ctx.candidate(child).index]
-            row["origin"] = "library"
-            if list(row["parent_ids"]) != parents:
-                fixed.append({"candidate": child, "was": list(row["parent_ids"]), "now": parents})
-                row["parent_ids"] = parents
+            parents = (ids[p] for p in result.parents[idx] if p is not None and ids[p] != child)
+            lineage[child] = list(dict.fromkeys(parents))
+        fixed = ctx.adopt_lineage(lineage, origin="library")
         if fixed:
-            _recompute_generations(rows)
             ctx.event("parent_fixup", f"{len(fixed)} parent link(s) set from the library's tree", fixed=fixed)
         ctx.event("library_tree", f"{len(ids)} candidates in the library's pool", candidates=ids,
                   parents=result.parents, val_scores=result.val_aggregate_scores,
@@ -147,16 +143,3 @@ class GepaLibraryOptimizer:
                   traceback="".join(traceback.format_exception(exc)), log_tail=list(bridge.logger.lines)[-20:])
         return GepaLibraryError(f"gepa library failed: {type(exc).__name__}: {exc}")
 
-
-def _recompute_generations(rows: list[dict[str, Any]]) -> None:
-    by_id = {row["candidate_id"]: row for row in rows}
-    memo: dict[str, int] = {}
-
-    def generation(cid: str, visiting: frozenset[str]) -> int:
-        if cid not in memo:
-            parents = [p for p in by_id[cid]["parent_ids"] if p in by_id and p not in visiting]
-            memo[cid] = 1 + max((generation(p, visiting | {cid}) for p in parents), default=-1)
-        return memo[cid]
-
-    for row in rows:
-        row["generation"] = generation(row["candidate_id"], frozenset())

@@ -8,6 +8,8 @@ import hmac
 import secrets
 from collections import Counter
 
+from harness.budget import would_cross_usd
+
 from harness.gateway.models import (
     POLICY_SIDE_ROLES,
     Announcement,
@@ -110,9 +112,7 @@ class RunLedger:
     def would_cross(self, estimate: float | None) -> bool:
         """Refuse the call that would take the spend past the budget. Calls in flight count
         with their estimate, so many concurrent calls cannot cross it together."""
-        if self.budget is None:
-            return False
-        return self.budgeted_spent + self.reserved + (estimate or 0.0) > self.budget
+        return would_cross_usd(self.budget, self.budgeted_spent, self.reserved, estimate)
 
     def prompt_check(self, scope: str, prompt_text: str) -> bool | None:
         """True if a module text of the scope's candidate is in the prompt; None if unknown."""

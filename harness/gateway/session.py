@@ -1,8 +1,8 @@
 """A run's side of the gateway: it registers the run (roles -> upstreams, USD budget),
 gives each rollout and each proposer call its own attributed URL, announces rollouts
 before they start (for the prompt check and the budget) and closes them when they end,
-reads the metered spend back into the run, and fetches the run's calls for its evidence
-at the end.
+reads the metered spend back into the run (whose budget, harness/budget.py, decides on
+it), and fetches the run's calls for its evidence at the end.
 
 Authority: the control calls carry the driver's admin token; the gateway answers the
 registration with the run's token (for the proposer's URLs) and each announcement with one
@@ -133,21 +133,6 @@ class GatewaySession:
         refused = self.spend.refused_scopes[self._refused_seen:]
         self._refused_seen = len(self.spend.refused_scopes)
         return set(refused)
-
-    def over_budget(self, *, rollouts: int = 0, proposer_calls: int = 0, rollouts_done: int = 0) -> bool:
-        """Would the next step (rollouts, proposer calls) take the budgeted spend past the
-        budget, at the mean cost per rollout and per proposer call so far? Decided on spend
-        that is complete (read after every batch and call), so a replay stops where the
-        recording stopped; the gateway's own refusal is only the backstop for a bad guess."""
-        budget = self.registration.budget_usd
-        if budget is None:
-            return False
-        spend = self.spend
-        proposer = spend.by_role.get("proposer")
-        proposer_cost = proposer.cost_usd if proposer else 0.0
-        per_rollout = (spend.budgeted_cost_usd - proposer_cost) / rollouts_done if rollouts_done else 0.0
-        per_call = proposer_cost / proposer.calls if proposer and proposer.calls else 0.0
-        return spend.budgeted_cost_usd + rollouts * per_rollout + proposer_calls * per_call > budget
 
     async def calls(self) -> list[CallRecord]:
         response = await self._request("GET", f"/runs/{self.key}/calls")

@@ -1,0 +1,69 @@
+"""The run's line to its container: each rollout call, and the one restart a run allows
+when the container stops answering (its process died)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from harness.client import ContainerClient
+from harness.contract import RolloutRequest
+from harness.errors import HarnessError, Unreachable
+
+
+class ContainerKeeper:
+    def __init__(self, client: ContainerClient, name: str, restart: Callable[[], Awaitable[None]] | None,
+                 event: Callable[..., None]):
+        self.client = client
+        self.name = name
+        self._restart = restart  # None: attached by url, not started by the harness
+        self._event = event
+        self.restarts = 0  # at most one per run
+        self.lost: str | None = None  # why the container is gone for good
+        self._generation = 0
+        self._lock = asyncio.Lock()
+
+    async def send(self, request: RolloutRequest, answers: list[str]) -> Any:
+        """One rollout call. When the container refuses the connection (its process died),
+        restart it through the hook and send the same request once more."""
+        generation = self._generation
+        try:
+            return await self.client.rollout(request, answers)
+        except Unreachable as exc:
+            if not await self._revive(generation, str(exc)):
+                raise
+        return await self.client.rollout(request, answers)
+
+    def restarted_before_start(self, error: str) -> None:
+        """Preflight found the container dead and restarted it: that was this run's restart."""
+        self.restarts = 1
+        self._event("container_restart", f"container {self.name} did not answer preflight; restarting it",
+                    error=error)
+        self._event("container_restarted", f"container {self.name} answers again")
+
+    async def _revive(self, generation: int, error: str) -> bool:
+        """True when the container answers again (restarted by this call or by a concurrent
+        rollout since `generation`); False, with the container marked lost, when it cannot be."""
+        async with self._lock:
+            if self.lost is not None:
+                return False
+            if self._generation != generation:
+                return True  # another rollout restarted it while this one waited
+            name = self.name
+            if self._restart is None:
+                self.lost = (f"container {name} stopped answering and cannot be restarted (attached "
+                             f"by url, not started by the harness: start it again, then rerun): {error}")
+            elif self.restarts >= 1:
+                self.lost = f"container {name} stopped answering again after a restart: {error}"
+            else:
+                self.restarts += 1
+                self._event("container_restart", f"container {name} stopped answering; restarting it", error=error)
+                try:
+                    await self._restart()
+                except HarnessError as exc:
+                    self.lost = f"container {name} stopped answering and the restart failed: {exc}"
+                else:
+                    self._generation += 1
+                    self._event("container_restarted", f"container {name} answers again")
+                    return True
+            return False
