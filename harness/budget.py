@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Iterator
 
+from harness.errors import HarnessError
+from harness.run_state import Usage
+
 if TYPE_CHECKING:
     from harness.gateway.models import RunSpend
-    from harness.run_state import Usage
     from harness.specs import BudgetSpec
 
 
@@ -40,6 +42,14 @@ class BudgetExhausted(Exception):
     def __init__(self, reason: StopReason):
         super().__init__(reason.value)
         self.reason = reason
+
+class RunFailed(HarnessError):
+    """Too many failed rollouts (stop reason `error_rate`) or a container lost for good
+    (`container_lost`): the run stops with a clear status."""
+
+    def __init__(self, message: str, stop_reason: StopReason = StopReason.CONTAINER_LOST):
+        super().__init__(message)
+        self.stop_reason = stop_reason
 
 
 def would_cross_usd(budget_usd: float | None, spent: float, in_flight: float, estimate: float | None) -> bool:
@@ -79,7 +89,7 @@ class Budget:
     """Limits against the run's usage and clock. Rollouts count as spent once started
     (`start_rollouts`), and iterations in flight together reserve no more than is left."""
 
-    def __init__(self, limits: "BudgetSpec", usage: "Usage", gateway_spend: "RunSpend | None" = None):
+    def __init__(self, limits: "BudgetSpec", usage: Usage, gateway_spend: "RunSpend | None" = None):
         self.limits = limits
         self.usage = usage
         # the gateway's metered spend (set on each read of it), when model calls go through one

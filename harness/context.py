@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from harness.budget import Budget, BudgetExhausted, StopReason
+from harness.budget import Budget, BudgetExhausted, RunFailed, StopReason
 from harness.candidates import Candidate, RolloutResult
 from harness.client import ContainerClient
 from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
@@ -22,7 +22,7 @@ from harness.evidence.recorder import Recorder
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.outcome import RolloutOutcome, judge
 from harness.pricing import cost_usd
-from harness.run_state import OPTIMIZATION_STAGES, Evidence, Progress, RunFailed, Usage
+from harness.run_state import OPTIMIZATION_STAGES, Evidence, Progress, Usage
 from harness.specs import RunSpec
 
 if TYPE_CHECKING:

@@ -1,25 +1,13 @@
-"""What a run has spent and recorded, its progress, and the two ways it stops early
-(BudgetExhausted, in harness/budget.py, and RunFailed): plain values the run context
-keeps and the optimizers, the driver and the report read."""
+"""What a run has spent and recorded, and its progress: plain values the run context
+keeps and the optimizers, the driver and the report read (the two ways a run stops early,
+BudgetExhausted and RunFailed, live with the budget in harness/budget.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.budget import StopReason
-from harness.errors import HarnessError
-
 OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
-
-
-class RunFailed(HarnessError):
-    """Too many failed rollouts (stop reason `error_rate`) or a container lost for good
-    (`container_lost`): the run stops with a clear status."""
-
-    def __init__(self, message: str, stop_reason: StopReason = StopReason.CONTAINER_LOST):
-        super().__init__(message)
-        self.stop_reason = stop_reason
 
 
 @dataclass
