@@ -16,7 +16,7 @@ from harness.budget import Budget
 from harness.candidates import Candidate, RolloutResult
 from harness.contract import ProgramResponse
 from harness.llm import ChatMessage, ChatResult
-from harness.run_state import Evidence, Usage
+from harness.run_state import Usage
 from harness.specs import Pools, RunSpec
 
 
@@ -47,8 +47,6 @@ class RunView(Protocol):
     def seed_candidate(self) -> Candidate: ...
     @property
     def usage(self) -> Usage: ...
-    @property
-    def evidence(self) -> Evidence: ...
     @property
     def candidates(self) -> list[Candidate]: ...
 
