@@ -285,7 +285,8 @@ def _schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
     from harness.sweep.nodes import LocalPlacement, Slot
 
     if isinstance(placement, Mapping):
-        placement = LocalPlacement(placement, log_dir)
+        placement = LocalPlacement(placement, log_dir, int(ray.cluster_resources().get("CPU", 0)
+                                                            // base.ray.cpus_per_run))
     queue = list(todo)
     driver = (socket.gethostname(), os.getpid())  # workers on this host stop when this process is gone
     attempts: dict[str, int] = {}

@@ -141,12 +141,15 @@ class Slot(BaseModel):
 
 
 class LocalPlacement:
-    """One machine: every run on the driver's service set, as many at once as the sweep allows."""
+    """One machine: every run on the driver's service set, as many at once as its CPUs
+    fit (a worker kept for reuse holds its CPUs, so a run beyond them would never start)."""
 
-    def __init__(self, endpoints: Mapping[str, Endpoints], log_dir: Path):
-        self._endpoints, self._log_dir = endpoints, str(log_dir)
+    def __init__(self, endpoints: Mapping[str, Endpoints], log_dir: Path, capacity: int):
+        self._endpoints, self._log_dir, self.capacity = endpoints, str(log_dir), max(1, capacity)
 
     def assign(self, spec: RunSpec, busy: Mapping[str, int]) -> Slot | None:
+        if busy.get(LOCAL, 0) >= self.capacity:
+            return None
         return Slot(node=LOCAL, endpoints=self._endpoints[spec.run_id], log_dir=self._log_dir)
 
     def placeable(self, spec: RunSpec) -> bool:
