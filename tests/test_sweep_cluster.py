@@ -159,6 +159,9 @@ def test_a_node_lost_mid_sweep_moves_its_runs_and_every_run_finishes_once(tmp_pa
     rows = index(sweep_dir)
     assert len(rows) == 6 and {r["status"] for r in rows.values()} == {"done"}, output[-4000:]
     moved = {run_id for run_id, row in rows.items() if row["moved_from"]}
+    print("\n" + "\n".join(f"{run_id[:8]} seed {row['seed']} {row['container']:<14} -> {row['node_host']}-"
+                           f"{row['node_id'][:8]} (moved from {row['moved_from']}), {row['attempts']} attempts"
+                           for run_id, row in sorted(rows.items()) if row["moved_from"]))
     assert progressing and progressing <= moved, (progressing, moved)  # the runs caught mid-way moved ...
     for run_id in moved:
         row = rows[run_id]

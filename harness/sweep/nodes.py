@@ -8,15 +8,14 @@ to the least loaded live node and uses that node's endpoints (`ClusterPlacement`
 
 Limits across the cluster: the sweep's endpoint limiter (one actor on the driver's node)
 keys every slot by node and URL, so `ray.container_concurrency` and
-`ray.model_concurrency` hold per node's service. A hosted model's requests, tokens and
-concurrency per minute are enforced by each gateway: the stated rule splits them evenly
+`ray.model_concurrency` hold per node's service. A hosted model's requests and tokens per
+minute and its concurrency are enforced by each gateway: the stated rule splits them evenly
 over the nodes started with a service set (`split_gateway_limits`), so the cluster as a
 whole never asks for more than the configured figure. A node lost mid-sweep does not
 hand its share to the others (the rest of the sweep runs below the limit, never above)."""
 
 from __future__ import annotations
 
-import math
 import socket
 import time
 from collections.abc import Mapping
@@ -240,7 +239,8 @@ class ClusterPlacement:
 
     def close(self) -> None:
         live = [a.close.remote() for node, a in self._actors.items() if node not in self.dead]
-        ray.wait(live, num_returns=len(live), timeout=120)
+        if live:
+            ray.wait(live, num_returns=len(live), timeout=120)
         for node in self.places:
             if node not in self.dead:
                 ray.kill(self._actors[node], no_restart=True)
