@@ -166,6 +166,7 @@ def test_a_node_lost_mid_sweep_moves_its_runs_and_every_run_finishes_once(tmp_pa
     for run_id in moved:
         row = rows[run_id]
         assert row["moved_from"].endswith(victim.node_id[:8]) and row["node_id"] != victim.node_id
+        assert row["attempts"] == 2  # the lost attempt and the one that finished: no crash retry spent
         assert manifest(sweep_dir, run_id)["node"]["node_id"] == row["node_id"]  # ... and finished elsewhere
         assert "(moved from" in output.split(run_id[:8], 1)[1].splitlines()[0]  # the table says so
     check_each_rollout_once(sweep_dir, rows)

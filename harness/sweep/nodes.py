@@ -33,7 +33,9 @@ from harness.specs import ContainerSpec, ModelSpec, RunSpec
 from harness.sweep.store import SweepStore
 
 LOCAL = "local"  # the one node key of a sweep on one machine
-NODE_DEATH_WAIT_S = 60.0  # how long a run's node may take to be declared dead after its actor died
+# how long a run's node may take to be declared dead after its actor died (Ray's health
+# checks take seconds): a worker that crashed on a live node costs the driver this pause
+NODE_DEATH_WAIT_S = 30.0
 
 
 def service_key(spec: RunSpec) -> tuple[str, ...]:
@@ -215,11 +217,11 @@ class ClusterPlacement:
 
     def lost(self, node: str, error: BaseException) -> bool:
         """Whether `node` is gone (its run moves) rather than one worker process dying.
-        The actor's death can be reported before the cluster declares its node dead, so a
-        death that names a node waits for that verdict."""
+        The actor's death is reported before the cluster declares its node dead, and its
+        error does not say which, so wait for the cluster's verdict."""
         if node in self.dead:
             return True
-        deadline = time.monotonic() + (NODE_DEATH_WAIT_S if "node" in str(error).lower() else 0.0)
+        deadline = time.monotonic() + NODE_DEATH_WAIT_S
         while True:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             if node not in alive:
