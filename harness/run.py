@@ -235,7 +235,7 @@ async def execute_run(
         ended = time.monotonic()
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
-               heldout=heldout, started_at=started_at, logs=endpoints.logs,
+               heldout=heldout, started_at=started_at, logs=endpoints.logs, node=_node_record(endpoints),
                timings={**timings, "wall_s": ctx.elapsed() + timings["preflight_s"],
                         "heldout_s": ended - t_heldout})
         if status == "done" or not redo:
@@ -347,7 +347,8 @@ def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, **fields:
 def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, status: str, error: str | None,
                stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
                timings: dict[str, float], model_calls: list[dict[str, Any]] | None = None,
-               gateway_summary: dict[str, Any] | None = None, logs: tuple[str, ...] = ()) -> None:
+               gateway_summary: dict[str, Any] | None = None, logs: tuple[str, ...] = (),
+               node: dict[str, Any] | None = None) -> None:
     ctx.recorder.settle_costs(model_calls or [])
     evidence = ctx.evidence
     location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
@@ -377,10 +378,20 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
         },
         "gateway": gateway_summary,
         "logs": [path for path in logs if _has_content(path)],  # empty logs are removed when services stop
+        # on a cluster: the node whose services the run used, and their endpoints
+        "node": node,
         "timings": {**timings, "started_at": started_at.isoformat(),
                     "finished_at": datetime.now(timezone.utc).isoformat()},
     }
     location.write_manifest(manifest)
+
+
+def _node_record(endpoints: Endpoints) -> dict[str, Any] | None:
+    """On a cluster, the node whose services the run used and where they answered (no token)."""
+    if endpoints.node is None:
+        return None
+    return {**endpoints.node.model_dump(), **endpoints.model_dump(include={
+        "container_url", "policy_url", "proposer_url", "gateway_url"})}
 
 
 def _has_content(path: str) -> bool:

@@ -39,6 +39,18 @@ def container_env(spec: ContainerSpec, environ: dict[str, str] | None = None) ->
     return {k: v for k, v in source.items() if k in CONTAINER_ENV or k.startswith("LC_") or k in named}
 
 
+class NodePlace(BaseModel):
+    """The Ray node whose service set a run uses (on a cluster; None on one machine)."""
+
+    model_config = ConfigDict(frozen=True)
+    node_id: str
+    host: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}-{self.node_id[:8]}"
+
+
 class Endpoints(BaseModel):
     """Where one run's container and models answer."""
 
@@ -55,6 +67,12 @@ class Endpoints(BaseModel):
     # the gateway's admin token, for the run's control calls (driver and Ray workers only;
     # never in a container's environment, a policy block or evidence)
     gateway_token: str | None = Field(default=None, repr=False)
+    node: NodePlace | None = None
+
+    def limit_key(self, url: str) -> str:
+        """The sweep limiter's key of one of these URLs: two nodes' loopback URLs are
+        different services even when they read the same."""
+        return f"{self.node.node_id}|{url}" if self.node is not None else url
 
 
 class LocalServerOptions(BaseModel):

@@ -18,7 +18,7 @@ from benchmarks.perf.common import REPO, RESULTS_DIR
 from benchmarks.perf.summary import write_summary
 
 # order: the cheap, CPU-bound ones first; the local model (minutes of llama.cpp) last
-BENCHMARKS = ("overhead", "overlap", "scale", "gateway_overhead", "report_scale", "local_model")
+BENCHMARKS = ("overhead", "overlap", "scale", "cluster", "gateway_overhead", "report_scale", "local_model")
 
 
 def main(argv: list[str] | None = None) -> int:

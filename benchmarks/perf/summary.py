@@ -79,9 +79,25 @@ def _gateway(df: pl.DataFrame) -> list[Line]:
              f"({row['ratio_gateway_vs_direct']:.2f}); cache hit {row['gateway_cache_hit_per_s']:.0f}/s", "")]
 
 
+def _cluster(df: pl.DataFrame) -> list[Line]:
+    out = []
+    for row in df.sort("nodes").iter_rows(named=True):
+        if row["point"].startswith("estimate"):
+            out.append((f"cluster, paper estimate: {row['runs']} hosted-model runs on {row['nodes']} nodes "
+                        "(assumptions in `estimate_json`)",
+                        f"{row['wall_s'] / 60:.1f} min at {row['rollouts_per_s']:.0f} rollouts/s", ""))
+        else:
+            per_node = row.get("cpu_s_per_node")
+            extra = f", +{per_node:.0f} CPU s per added node" if per_node is not None else ""
+            out.append((f"cluster: the same {row['runs']} scripted runs on {row['nodes']} simulated node(s), one host",
+                        f"{row['rollouts_per_s']:.0f} rollouts/s, {row['cpu_ms_per_rollout']:.0f} CPU ms per rollout"
+                        f"{extra}, startup {row['startup_s']:.0f} s", ""))
+    return out
+
+
 SECTIONS: dict[str, Callable[[pl.DataFrame], list[Line]]] = {
     "overhead": _overhead, "overlap": _overlap, "scale": _scale, "local_model": _local_model,
-    "report_scale": _report_scale, "gateway_overhead": _gateway,
+    "report_scale": _report_scale, "gateway_overhead": _gateway, "cluster": _cluster,
 }
 
 

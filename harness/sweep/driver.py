@@ -9,6 +9,8 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -134,20 +136,22 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         if base.ray.cpus_per_run > cpus:
             raise ConfigError(f"ray.cpus_per_run={base.ray.cpus_per_run} exceeds the cluster's {cpus:g} CPUs: "
                               "no run could ever be scheduled")
-        with Services(log_dir, base.local_server, gateway=base.gateway, label=sweep.name) as services:
-            console.print("starting shared containers and model servers ...", highlight=False)
-            endpoints = _start_services(services, todo, rows)
-            if len(endpoints) < len(todo):  # a service that cannot start fails its runs, not the sweep
-                store.write_index(list(rows.values()))
-                todo = [r for r in todo if r.spec.run_id in endpoints]
-            if todo:
-                limits = _limits(base, endpoints.values())
-                limiter = EndpointLimiter.remote(limits)
-                board = SweepBoard.remote()
-                _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker,
-                          revive=services.revive,
-                          live_usage=_live_usage(services) if base.gateway.live_usage else None,
-                          tracking=tracking, notes=notes)
+        if base.ray.address is not None:  # a cluster: a service set on every node that takes runs
+            _run_on_cluster(todo, base, store, rows, console, RunWorker, tracking=tracking, notes=notes)
+        else:
+            with Services(log_dir, base.local_server, gateway=base.gateway, label=sweep.name) as services:
+                console.print("starting shared containers and model servers ...", highlight=False)
+                endpoints = _start_services(services, todo, rows)
+                if len(endpoints) < len(todo):  # a service that cannot start fails its runs, not the sweep
+                    store.write_index(list(rows.values()))
+                    todo = [r for r in todo if r.spec.run_id in endpoints]
+                if todo:
+                    limiter = EndpointLimiter.remote(_limits(base, endpoints.values()))
+                    board = SweepBoard.remote()
+                    _schedule(todo, endpoints, limiter, board, base, store, rows, log_dir, console, RunWorker,
+                              revive=services.revive,
+                              live_usage=_live_usage(services) if base.gateway.live_usage else None,
+                              tracking=tracking, notes=notes)
     finally:
         ray.shutdown()
     _print_table(console, rows, store.dir, log_dir)
@@ -230,72 +234,132 @@ def _start_services(services: Services, todo: list[PlannedRun], rows: dict[str, 
     return endpoints
 
 
+def _run_on_cluster(todo: list[PlannedRun], base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]],
+                    console: Console, worker_cls: Any, **schedule: Any) -> None:
+    """Start a service set on every node, then run `todo` on the nodes whose services started."""
+    import ray
+
+    from harness.sweep.limits import EndpointLimiter
+    from harness.sweep.nodes import ClusterPlacement, ServiceSetOptions, pinned
+    from harness.sweep.worker import SweepBoard
+
+    options = ServiceSetOptions(evidence_root=base.evidence_root, sweep=store.sweep, local_server=base.local_server,
+                                gateway=base.gateway if base.gateway.enabled else None)
+    placement = ClusterPlacement(options, base.ray.cpus_per_run)
+    try:
+        console.print(f"starting a service set on each of {len(placement.places)} nodes: "
+                      f"{', '.join(p.label for p in placement.places.values())} ...", highlight=False)
+        for run_id, error in placement.start([r.spec for r in todo]).items():
+            spec = next(r.spec for r in todo if r.spec.run_id == run_id)
+            rows[run_id] = _index_row(spec, "failed", RunOutcome(run_id=run_id, status="failed", evidence_dir="",
+                                                                 error=error), 0)
+        store.write_index(list(rows.values()))
+        todo = [r for r in todo if rows[r.spec.run_id]["status"] != "failed"]
+        if todo:
+            # the sweep's own actors stay on the driver's node: they must outlive any other node
+            here = pinned(ray.get_runtime_context().get_node_id())
+            limiter = EndpointLimiter.options(**here).remote(_limits(base, placement.endpoints()))
+            board = SweepBoard.options(**here).remote()
+            _schedule(todo, placement, limiter, board, base, store, rows, store.log_dir, console, worker_cls,
+                      **schedule)
+    finally:
+        placement.close()
+
+
 def _limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
     limits: dict[str, int] = {}
     for e in endpoints:
-        limits[e.container_url] = base.ray.container_concurrency
-        limits[e.policy_url] = base.ray.model_concurrency
-        limits[e.proposer_url] = base.ray.model_concurrency
+        limits[e.limit_key(e.container_url)] = base.ray.container_concurrency
+        limits[e.limit_key(e.policy_url)] = base.ray.model_concurrency
+        limits[e.limit_key(e.proposer_url)] = base.ray.model_concurrency
     return limits
 
 
-def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: Any, board: Any,
+def _schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
               base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
               console: Console, worker_cls: Any, revive: Callable[[str], None] | None = None,
               live_usage: Callable[[], str] | None = None, tracking: MlflowTarget | None = None,
               notes: dict[str, ExportNote] | None = None) -> None:
-    """Run `todo` on actors of `worker_cls`, a bounded number in flight; a run whose worker
-    dies is retried once on a fresh actor. Between waits, restart the containers that runs
-    found dead (`revive`, from the Services that started them)."""
+    """Run `todo` on actors of `worker_cls`, a bounded number in flight, each where
+    `placement` puts it (a ClusterPlacement, or on one machine the endpoints per run id).
+    A run whose worker dies is retried once on a fresh actor; a run whose node is lost
+    moves to a live node without using up that retry. Between waits, restart the
+    containers that runs found dead (`revive`, from the Services that started them)."""
     import ray
     from ray.exceptions import RayActorError, RayError, WorkerCrashedError
 
+    from harness.sweep.nodes import LocalPlacement, Slot
+
+    if isinstance(placement, Mapping):
+        placement = LocalPlacement(placement, log_dir, int(ray.cluster_resources().get("CPU", 0)
+                                                            // base.ray.cpus_per_run))
     queue = list(todo)
     driver = (socket.gethostname(), os.getpid())  # workers on this host stop when this process is gone
     attempts: dict[str, int] = {}
-    in_flight: dict[Any, tuple[PlannedRun, Any]] = {}
-    idle: list[Any] = []
+    crashes: dict[str, int] = {}
+    moved: dict[str, list[str]] = {}  # run id -> nodes it was lost on
+    in_flight: dict[Any, tuple[PlannedRun, Any, Slot]] = {}
+    idle: dict[str, list[Any]] = {}
     width = min(base.ray.max_runs_in_flight, len(todo))
     started = time.monotonic()
 
     def holder(run_id: str) -> str:
         return f"{run_id}#{attempts[run_id]}"
 
-    # The services (containers, model servers, gateway) listen on this machine's loopback:
-    # on a cluster, runs go to the driver's node, and the cluster's other nodes stay free.
-    placement: dict[str, Any] = {}
-    if base.ray.address is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            node_id=ray.get_runtime_context().get_node_id(), soft=False)
-
-    def submit(run: PlannedRun) -> None:
-        actor = idle.pop() if idle else worker_cls.options(num_cpus=base.ray.cpus_per_run, **placement).remote()
+    def submit(run: PlannedRun) -> bool:
+        busy = Counter(slot.node for _, _, slot in in_flight.values())
+        slot = placement.assign(run.spec, busy)
+        if slot is None:
+            return False
+        pool = idle.setdefault(slot.node, [])
+        actor = pool.pop() if pool else worker_cls.options(num_cpus=base.ray.cpus_per_run,
+                                                           **slot.actor_options).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
-        ref = actor.run.remote(run.spec.model_dump_json(), endpoints[run.spec.run_id].model_dump_json(), limiter,
-                               board, str(log_dir), run.max_error_rate, holder=holder(run.spec.run_id),
-                               force=base.force, driver=driver,
-                               tracking=tracking.model_dump_json() if tracking else None)
-        in_flight[ref] = (run, actor)
-        rows[run.spec.run_id]["status"] = "running"
+        extra = {"node_services": slot.node_services} if slot.node_services is not None else {}
+        ref = actor.run.remote(run.spec.model_dump_json(), slot.endpoints.model_dump_json(), limiter, board,
+                               slot.log_dir, run.max_error_rate, holder=holder(run.spec.run_id), force=base.force,
+                               driver=driver, tracking=tracking.model_dump_json() if tracking else None, **extra)
+        in_flight[ref] = (run, actor, slot)
+        rows[run.spec.run_id] |= {"status": "running", **_node_fields(slot, moved.get(run.spec.run_id), placement)}
+        return True
+
+    def unplaceable(run: PlannedRun) -> None:
+        lost = ", ".join(placement.label(n) for n in moved.get(run.spec.run_id, []))
+        error = "no live node has its services" + (f" (lost on {lost})" if lost else "")
+        outcome = RunOutcome(run_id=run.spec.run_id, status="failed", evidence_dir="", error=error)
+        rows[run.spec.run_id] = _index_row(run.spec, "failed", outcome, attempts.get(run.spec.run_id, 0))
 
     with Live(_status_line(rows, {}, started), console=console, refresh_per_second=2, transient=False) as live:
         while queue or in_flight:
-            while queue and len(in_flight) < width:
-                submit(queue.pop(0))
+            for run in [r for r in queue if not placement.placeable(r.spec)]:  # its nodes are all gone
+                queue.remove(run)
+                unplaceable(run)
+            submitted = False
+            while queue and len(in_flight) < width and submit(queue[0]):
+                queue.pop(0)
+                submitted = True
+            if submitted:
+                store.write_index(list(rows.values()))  # who runs where, while it runs
+            if not in_flight:
+                continue
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
             _serve_restarts(board, revive)
             for ref in ready:
-                run, actor = in_flight.pop(ref)
+                run, actor, slot = in_flight.pop(ref)
                 run_id = run.spec.run_id
                 try:
                     outcome = RunOutcome.model_validate_json(ray.get(ref))
-                    idle.append(actor)
+                    idle[slot.node].append(actor)
                 except (RayActorError, WorkerCrashedError) as exc:
                     # the worker died holding endpoint slots: give them back, or the limits shrink for good
                     limiter.release_holder.remote(holder(run_id))
-                    if attempts[run_id] < 2:  # the worker died: retry once on a fresh actor
+                    if placement.lost(slot.node, exc):  # the whole node went: the run moves
+                        idle.pop(slot.node, None)
+                        moved.setdefault(run_id, []).append(slot.node)
+                        queue.insert(0, run)
+                        continue
+                    crashes[run_id] = crashes.get(run_id, 0) + 1
+                    if crashes[run_id] < 2:  # the worker died: retry once on a fresh actor
                         queue.insert(0, run)
                         continue
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="",
@@ -303,12 +367,20 @@ def _schedule(todo: list[PlannedRun], endpoints: dict[str, Endpoints], limiter: 
                 except RayError as exc:  # the run raised past the worker's own handler: that run fails
                     limiter.release_holder.remote(holder(run_id))
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
-                rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id])
+                rows[run_id] = _index_row(run.spec, outcome.status, outcome, attempts[run_id]) | _node_fields(
+                    slot, moved.get(run_id), placement)
                 store.write_index(list(rows.values()))
                 if outcome.tracking is not None and notes is not None:
                     notes[run_id] = outcome.tracking
             status = _status_line(rows, ray.get(board.snapshot.remote()), started)
             live.update(status + (live_usage() if live_usage else ""))
+
+
+def _node_fields(slot: Any, lost_on: list[str] | None, placement: Any) -> dict[str, Any]:
+    """The index's record of where a run ran, and the nodes it was lost on before."""
+    node = slot.endpoints.node
+    return {"node_id": node.node_id if node else None, "node_host": node.host if node else None,
+            "moved_from": ",".join(placement.label(n) for n in lost_on) if lost_on else None}
 
 
 def _serve_restarts(board: Any, revive: Callable[[str], None] | None) -> None:
@@ -358,16 +430,20 @@ def _status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started
 
 def _print_table(console: Console, rows: dict[str, dict[str, Any]], sweep_dir: str, log_dir: Path) -> None:
     table = Table(title="runs")
+    on_nodes = any(row.get("node_id") for row in rows.values())  # a cluster: say where each run ran
     for column in ("run", "status", "container", "algorithm", "proposer", "seed", "heldout seed→best", "failed",
-                   "error"):
+                   *(("node",) if on_nodes else ()), "error"):
         table.add_column(column, overflow="fold")
     for row in rows.values():
         seed = "n/a" if row["seed_heldout"] is None else f"{row['seed_heldout']:.3f}"
         scores = "" if row["best_heldout"] is None else f"{seed}→{row['best_heldout']:.3f}"
         failed = "" if row.get("failed_rollouts") is None else str(row["failed_rollouts"])
+        node = f"{row['node_host']}-{row['node_id'][:8]}" if row.get("node_id") else ""
+        if row.get("moved_from"):
+            node += f" (moved from {row['moved_from']}, lost)"
         # cells are data (an error may quote a service's body): never rich markup
         cells = (row["run_id"][:8], row["status"], row["container"], row["algorithm"], row["proposer"],
-                 str(row["seed"]), scores, failed, row["error"] or "")
+                 str(row["seed"]), scores, failed, *((node,) if on_nodes else ()), row["error"] or "")
         table.add_row(*(escape(str(cell)) for cell in cells))
     console.print(table)
     console.print(f"runs: {sweep_dir}/<run id>/; index: {sweep_dir}/index.parquet; logs: {log_dir}/",

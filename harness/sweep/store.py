@@ -33,6 +33,10 @@ INDEX_SCHEMA = pa.schema(
         ("wall_s", pa.float64()),
         ("seed_heldout", pa.float64()),
         ("best_heldout", pa.float64()),
+        # on a cluster: the Ray node the run ran on, and the lost nodes it moved from
+        ("node_id", pa.string()),
+        ("node_host", pa.string()),
+        ("moved_from", pa.string()),
     ]
 )
 

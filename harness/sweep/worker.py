@@ -92,6 +92,17 @@ def board_restarter(board: Any, url: str, timeout_s: float) -> Callable[[], Awai
     return restart
 
 
+def node_restarter(node_services: Any, url: str) -> Callable[[], Awaitable[None]]:
+    """The restart hook of a run on a cluster: its node's service set owns the container."""
+
+    async def restart() -> None:
+        error = await node_services.revive.remote(url)
+        if error:
+            raise HarnessError(error)
+
+    return restart
+
+
 _watched: set[int] = set()
 
 
@@ -133,7 +144,8 @@ def _run_logger(log_path: Path) -> logging.Logger:
 class RunWorker:
     def run(self, spec_json: str, endpoints_json: str, limiter: Any, board: Any, log_dir: str,
             max_error_rate: float, holder: str | None = None, force: bool = False,
-            driver: tuple[str, int] | None = None, tracking: str | None = None) -> str:
+            driver: tuple[str, int] | None = None, tracking: str | None = None,
+            node_services: Any = None) -> str:
         if driver is not None:
             watch_driver(*driver)
         spec = RunSpec.model_validate_json(spec_json)
@@ -155,10 +167,12 @@ class RunWorker:
         board.started.remote(spec.run_id)
         # one holder name for this attempt: the driver frees its slots if this process dies
         holder = holder or f"{spec.run_id}-{uuid.uuid4().hex[:8]}"
-        rollout_gate = shared_gate(limiter, endpoints.container_url, endpoints.policy_url, holder=holder)
-        proposer_gate = shared_gate(limiter, endpoints.proposer_url, holder=holder)
+        rollout_gate = shared_gate(limiter, endpoints.limit_key(endpoints.container_url),
+                                   endpoints.limit_key(endpoints.policy_url), holder=holder)
+        proposer_gate = shared_gate(limiter, endpoints.limit_key(endpoints.proposer_url), holder=holder)
         try:
-            restart = board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60)
+            restart = (node_restarter(node_services, endpoints.container_url) if node_services is not None
+                       else board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60))
             outcome = asyncio.run(execute_run(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
                                               rollout_gate=rollout_gate, proposer_gate=proposer_gate,
                                               restart_container=restart, force=force))
