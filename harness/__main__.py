@@ -78,8 +78,9 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     from hydra import compose
 
     from harness.preflight import check_model_keys
-    from harness.sweep.driver import PlannedRun, run_sweep
+    from harness.sweep.driver import run_sweep
     from harness.sweep.expand import expand, parse_sweep
+    from harness.sweep.schedule import PlannedRun
 
     sweep = parse_sweep(config.sweep or {})
     user_overrides = list(HydraConfig.get().overrides.task)

@@ -47,7 +47,7 @@ from harness.run import RunOutcome
 from harness.scripted_server import ScriptedModelServer
 from harness.services import Services
 from harness.specs import ModelSpec
-from harness.sweep.driver import _print_table
+from harness.sweep.driver import print_table
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -324,5 +324,5 @@ def test_error_text_is_printed_as_text_not_markup(tmp_path) -> None:
            "algorithm": "gepa", "seed": 0, "seed_heldout": None, "best_heldout": None, "error": error,
            "evidence_dir": None}
     out = io.StringIO()
-    _print_table(Console(file=out, width=400, color_system=None), {"r1": row}, str(tmp_path), tmp_path / "logs")
+    print_table(Console(file=out, width=400, color_system=None), {"r1": row}, str(tmp_path), tmp_path / "logs")
     assert error in out.getvalue() and "[red]c" in out.getvalue()

@@ -30,7 +30,7 @@ from harness.processes import free_port
 from harness.run import RunOutcome
 from harness.services import Endpoints
 from harness.specs import RunSpec
-from harness.sweep.driver import PlannedRun, _index_row, _schedule
+from harness.sweep.schedule import PlannedRun, index_row, schedule
 from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
 from harness.sweep.store import SweepStore
 from harness.sweep.worker import SweepBoard
@@ -464,8 +464,8 @@ class TestInProcessRay:
 
         limiter = EndpointLimiter.remote({"http://container": 1, "http://policy": 1})
         store = SweepStore(str(tmp_path), "death")
-        rows = {r.spec.run_id: _index_row(r.spec, "pending", None, 0) for r in runs}
-        _schedule(runs, {r.spec.run_id: endpoints for r in runs}, limiter, SweepBoard.remote(), base, store, rows,
+        rows = {r.spec.run_id: index_row(r.spec, "pending", None, 0) for r in runs}
+        schedule(runs, {r.spec.run_id: endpoints for r in runs}, limiter, SweepBoard.remote(), base, store, rows,
                   tmp_path / "logs", Console(file=io.StringIO()), DyingWorker)
 
         by_seed = {row["seed"]: row for row in rows.values()}
