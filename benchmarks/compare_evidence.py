@@ -1,7 +1,7 @@
 """Compare two evidence roots run by run: every Parquet table and manifest must agree,
 apart from what depends on the wall clock or the transport (schema TIMING_COLUMNS and
 TRANSPORT_COLUMNS; the manifest's timings, log paths, package versions, file checksums and
-the gateway's URL).
+the gateway's URL, and the node a run ran on).
 
     python -m benchmarks.compare_evidence EVIDENCE_ROOT_A EVIDENCE_ROOT_B
 
@@ -20,8 +20,9 @@ import polars as pl
 from harness.evidence.schema import TABLES, TIMING_COLUMNS, TRANSPORT_COLUMNS
 
 # manifest entries that say where or when a run happened, not what it found ("files" holds
-# checksums of the tables, which carry timings: the tables are compared column by column)
-_PLACE_AND_TIME = frozenset({"timings", "logs", "versions", "files"})
+# checksums of the tables, which carry timings: the tables are compared column by column;
+# "node" is the Ray node and its service endpoints)
+_PLACE_AND_TIME = frozenset({"timings", "logs", "versions", "files", "node"})
 
 
 def run_dirs(root: Path) -> dict[str, Path]:
@@ -60,8 +61,9 @@ def differences(root_a: Path, root_b: Path) -> list[str]:
         b = runs_b[run]
         manifests = [comparable_manifest(json.loads((d / "manifest.json").read_text())) for d in (a, b)]
         if manifests[0] != manifests[1]:
+            missing = object()  # a key on one side only differs even when the other side holds null
             keys = sorted(k for k in manifests[0].keys() | manifests[1].keys()
-                          if manifests[0].get(k) != manifests[1].get(k))
+                          if manifests[0].get(k, missing) != manifests[1].get(k, missing))
             found.append(f"{run}: manifest differs in {keys}")
         found += [f"{run}: {d}" for name in TABLES for d in table_differences(name, a, b)]
     return found

@@ -38,3 +38,12 @@ def test_missing_runs_and_empty_roots_are_named(tmp_path: Path, capsys) -> None:
         "runs differ: only in A ['smoke/run0'], only in B ['smoke/run1']"]
     assert main([str(tmp_path / "a"), str(tmp_path / "empty")]) == 2
     assert "no run evidence" in capsys.readouterr().err
+
+
+def test_a_manifest_key_on_one_side_only_is_named_and_the_node_is_a_place(tmp_path: Path) -> None:
+    for root in ("a", "b"):
+        write_run(tmp_path / root, "smoke", "run0", SHAPE)
+    manifest = tmp_path / "b" / "smoke" / "run0" / "manifest.json"
+    body = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**body, "node": {"node_id": "n1", "host": "h1"}, "extra": None}))
+    assert differences(tmp_path / "a", tmp_path / "b") == ["smoke/run0: manifest differs in ['extra']"]
