@@ -41,10 +41,14 @@ class DirectoryWatcher(threading.Thread):
         self.manifest_reads: list[str] = []  # "ok" or the reason a read failed
 
     def run(self) -> None:
-        while not self.stop.is_set():
+        # one listing after `stop` too: a starved thread still sees the finished directory
+        while True:
+            stopping = self.stop.is_set()
             try:
                 names = frozenset(os.listdir(self.path))
             except FileNotFoundError:
+                if stopping:
+                    return
                 continue
             self.listings.append(names)
             if "manifest.json" in names:
@@ -53,6 +57,8 @@ class DirectoryWatcher(threading.Thread):
                     self.manifest_reads.append("ok")
                 except (OSError, ValueError) as exc:
                     self.manifest_reads.append(repr(exc))
+            if stopping:
+                return
 
 
 def test_manifest_is_written_last_and_whole(tmp_path, data_dir, banking77_url, scripted_policy) -> None:

@@ -77,7 +77,7 @@ def start_services(services: Services, todo: list[PlannedRun], rows: dict[str, d
 
 
 def run_on_cluster(todo: list[PlannedRun], base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]],
-                    console: Console, worker_cls: Any, **schedule: Any) -> None:
+                   console: Console, worker_cls: Any, **scheduling: Any) -> None:
     """Start a service set on every node, then run `todo` on the nodes whose services started."""
     import ray
 
@@ -103,7 +103,7 @@ def run_on_cluster(todo: list[PlannedRun], base: HarnessConfig, store: SweepStor
             limiter = EndpointLimiter.options(**here).remote(endpoint_limits(base, placement.endpoints()))
             board = SweepBoard.options(**here).remote()
             schedule(todo, placement, limiter, board, base, store, rows, store.log_dir, console, worker_cls,
-                      **schedule)
+                     **scheduling)
     finally:
         placement.close()
 
