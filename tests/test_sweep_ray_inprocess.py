@@ -1,0 +1,171 @@
+"""Sweeps' Ray parts in this process, on a local Ray: the shared endpoint limiter across
+actors, and the scheduler when a worker process dies mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from harness.config import load_config, run_spec
+from harness.run import RunOutcome
+from harness.services import Endpoints
+from harness.specs import RunSpec
+from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
+from harness.sweep.schedule import PlannedRun, index_row, schedule
+from harness.sweep.store import SweepStore
+from harness.sweep.worker import SweepBoard
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def index_rows(sweep_dir: Path) -> list[dict]:
+    return pq.read_table(sweep_dir / "index.parquet").to_pylist()
+
+
+@pytest.fixture(scope="class")
+def local_ray():
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.usefixtures("local_ray")
+class TestInProcessRay:
+    def test_twenty_gate_holders_never_exceed_the_limit(self):
+        @ray.remote(num_cpus=0)
+        class Tally:
+            def __init__(self):
+                self.now: dict[str, int] = {}
+                self.peak: dict[str, int] = {}
+
+            def enter(self, keys):
+                for k in keys:
+                    self.now[k] = self.now.get(k, 0) + 1
+                    self.peak[k] = max(self.peak.get(k, 0), self.now[k])
+
+            def leave(self, keys):
+                for k in keys:
+                    self.now[k] -= 1
+
+            def peaks(self):
+                return self.peak
+
+        async def _hold(limiter, tally, keys):
+            async with shared_gate(limiter, *keys)():
+                await tally.enter.remote(keys)
+                await asyncio.sleep(0.2)
+                await tally.leave.remote(keys)
+
+        @ray.remote(num_cpus=0)
+        class Holders:  # gate holders in another process: the limit is shared across processes
+            async def hold(self, limiter, tally, n, keys):
+                await asyncio.gather(*(_hold(limiter, tally, keys) for _ in range(n)))
+
+        limiter = EndpointLimiter.remote({"http://container": 3, "http://policy": 5})
+        tally = Tally.remote()
+        keys_a = ["http://container", "http://policy"]  # a rollout's gate: container and policy
+        keys_b = ["http://policy"]  # a proposer-like gate on the policy key alone
+
+        async def main():
+            await asyncio.gather(
+                *(_hold(limiter, tally, keys_a if i % 2 else keys_b) for i in range(10)),
+                Holders.remote().hold.remote(limiter, tally, 5, keys_a),
+                Holders.remote().hold.remote(limiter, tally, 5, keys_b),
+            )
+
+        asyncio.run(main())
+        peaks = ray.get(tally.peaks.remote())
+        assert peaks["http://container"] == 3  # reached, never passed
+        assert peaks["http://policy"] == 5
+        assert ray.get(limiter.in_use.remote()) == {}
+
+    def test_release_holder_frees_a_dead_holders_slots_once(self):
+        limiter = EndpointLimiter.remote({"k": 2})
+        assert ray.get([limiter.acquire.remote("k", "dead"), limiter.acquire.remote("k", "dead")]) == [True, True]
+        waiting = limiter.acquire.remote("k", "alive")
+        assert not ray.wait([waiting], timeout=0.5)[0]  # full
+        assert ray.get(limiter.release_holder.remote("dead")) == 2
+        assert ray.get(waiting, timeout=10) is True
+        # the dead holder's late calls change nothing: no slot given twice, none taken
+        ray.get(limiter.release.remote("k", "dead"))
+        assert ray.get(limiter.acquire.remote("k", "dead"), timeout=10) is False
+        assert ray.get(limiter.in_use.remote()) == {"k": 1}
+        assert ray.get(limiter.acquire.remote("k", "other"), timeout=10) is True
+        extra = limiter.acquire.remote("k", "third")
+        assert not ray.wait([extra], timeout=0.5)[0]  # still a limit of 2
+        ray.get(limiter.release_holder.remote("alive"))
+        assert ray.get(extra, timeout=10) is True
+
+        async def released_gate():
+            async with shared_gate(limiter, "k", holder="dead")():
+                pass
+
+        with pytest.raises(HolderReleased):
+            asyncio.run(released_gate())
+
+    def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
+        """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the
+        worker's handler. Both are recorded failed and the others finish; with a limit of one
+        slot per endpoint, a slot leaked by the dead worker would starve every later run."""
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+            raw = OmegaConf.to_container(compose(config_name="config", overrides=[
+                "models=scripted", f"evidence_root={tmp_path}", "ray.cpus_per_run=0.5", "ray.max_runs_in_flight=1"]),
+                resolve=True)
+        base = load_config(raw, base_dir=str(REPO))
+        runs = [PlannedRun(spec=run_spec(base.model_copy(update={"seed": s}), sweep="death", axes={"seed": str(s)}),
+                           max_error_rate=0.5) for s in (1, 0, 2, 3)]
+        endpoints = Endpoints(container_url="http://container", policy_url="http://policy",
+                              proposer_url="http://proposer")
+
+        @ray.remote
+        class DyingWorker:
+            """RunWorker's interface; holds the rollout gate the way a run does."""
+
+            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, holder=None, **_: object):
+                spec = RunSpec.model_validate_json(spec_json)
+                ep = Endpoints.model_validate_json(endpoints_json)
+                gate = shared_gate(limiter, ep.container_url, ep.policy_url, holder=holder)
+
+                async def rollout():
+                    async with gate():
+                        if spec.seed == 1:
+                            os._exit(1)  # the worker process dies mid-rollout
+                        await asyncio.sleep(0.1)
+
+                try:
+                    asyncio.run(asyncio.wait_for(rollout(), 20))
+                except asyncio.TimeoutError:
+                    return RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="",
+                                      error="no endpoint slot within 20 s").model_dump_json()
+                if spec.seed == 2:
+                    raise ValueError("boom outside the worker's handler")
+                return RunOutcome(run_id=spec.run_id, status="done", evidence_dir=f"{log_dir}/{spec.run_id}",
+                                  rollouts=1).model_dump_json()
+
+        limiter = EndpointLimiter.remote({"http://container": 1, "http://policy": 1})
+        store = SweepStore(str(tmp_path), "death")
+        rows = {r.spec.run_id: index_row(r.spec, "pending", None, 0) for r in runs}
+        schedule(runs, {r.spec.run_id: endpoints for r in runs}, limiter, SweepBoard.remote(), base, store, rows,
+                  tmp_path / "logs", Console(file=io.StringIO()), DyingWorker)
+
+        by_seed = {row["seed"]: row for row in rows.values()}
+        assert by_seed[1]["status"] == "failed" and by_seed[1]["attempts"] == 2
+        assert by_seed[1]["error"].startswith("worker died twice")
+        assert by_seed[2]["status"] == "failed" and "ValueError: boom" in by_seed[2]["error"]
+        assert by_seed[0]["status"] == by_seed[3]["status"] == "done", by_seed
+        assert ray.get(limiter.in_use.remote()) == {}
+        on_disk = {r["seed"]: (r["status"], r["attempts"]) for r in index_rows(tmp_path / "death")}
+        assert on_disk == {1: ("failed", 2), 0: ("done", 1), 2: ("failed", 1), 3: ("done", 1)}
