@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import matplotlib as mpl
 import polars as pl
 import pytest
 from matplotlib.colors import to_hex
@@ -18,7 +19,7 @@ from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.charts import build_charts
 from harness.evidence.configs import config_labels, run_config
-from benchmarks.report.style import integer_ticks, lift_limit, palette
+from benchmarks.report.style import PNG_DPI, STABLE_RC, integer_ticks, lift_limit, palette, save
 from conftest import container_spec, run_cli
 from faults import small_spec
 from harness.evidence.writer import EvidenceLocation
@@ -258,6 +259,24 @@ def test_every_chart_takes_one_colour_per_stack_from_one_palette(tmp_path: Path)
         drawn = {label: colour for label, colour in legend_colours(fig).items() if label in colours}
         assert drawn == {label: colours[label] for label in drawn}, name
         assert len(drawn) >= 2, name  # the stacks really are in the legend
+
+
+def test_saving_in_one_pass_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
+    """style.save draws each format once (the canvas runs the layout); savefig's dry draw first
+    must not change a byte, for sweep charts and a single run's trace."""
+    run_dir = write_run(tmp_path / "one", spec(tmp_path), seed_solved=5, pick_solved=10)
+    reports = [compute_report(str(_mixed_folder(tmp_path))), compute_report(str(run_dir))]
+    figures = {name: fig for frames in reports for name, fig in build_charts(frames).items()}
+    # fresh figures for savefig: a figure drawn once lays out a little differently the second time
+    again = {name: fig for frames in reports for name, fig in build_charts(frames).items()}
+    assert {"trace", "coverage", "same_container"} <= set(figures)
+    for name, fig in figures.items():
+        png, svg = save(fig, tmp_path / "one_pass", name)
+        with mpl.rc_context(STABLE_RC):
+            again[name].savefig(tmp_path / f"{name}.png", dpi=PNG_DPI, metadata={"Software": None})
+            again[name].savefig(tmp_path / f"{name}.svg", metadata={"Date": None, "Creator": None})
+        assert png.read_bytes() == (tmp_path / f"{name}.png").read_bytes(), name
+        assert svg.read_bytes() == (tmp_path / f"{name}.svg").read_bytes(), name
 
 
 def test_count_axes_have_integer_ticks_and_lift_axes_do_not_exaggerate(tmp_path: Path) -> None:
