@@ -1,6 +1,7 @@
 """Scale benchmark for the sweep report (not a test): synthetic evidence of 10 million rollout
 rows (100 runs x 100k rows by default, written with pyarrow in chunks through the harness's
-schema), then the report computed from it, timed and with peak RSS measured.
+schema), then the report computed from it, timed and with peak RSS measured: the compute alone, the
+report's files without charts (``write_tables``), and the whole ``write_report``.
 
 Each measurement runs in a fresh subprocess so that ``ru_maxrss`` (the process's peak resident
 set) covers the report alone, not the data generation. Figures are printed and written to
@@ -111,23 +112,34 @@ def generate(root: Path, n_runs: int, rows_per_run: int) -> None:
     SweepStore(str(root), SWEEP).write_sweep({"grid": points})
 
 
+PHASES = ("compute", "write_tables", "write_report")  # write_tables: write_report without charts
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(sweep_dir: str, phase: str) -> dict[str, float]:
-    """Runs in a fresh process: time one phase, report its peak RSS."""
+    """Runs in a fresh process: time one phase (wall and CPU: the machine may be shared), report
+    its peak RSS."""
     import polars as pl
 
     from benchmarks.report import compute_report, write_report
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     if phase == "compute":
         frames = compute_report(sweep_dir)
         cells = frames.summary.height
     else:
-        write_report(sweep_dir, out=str(Path(sweep_dir) / "report"))
-        cells = pl.read_parquet(Path(sweep_dir) / "report" / "summary.parquet").height
-    seconds = time.perf_counter() - started
+        out = Path(sweep_dir) / f"report_{phase}"
+        write_report(sweep_dir, out=str(out), charts=phase == "write_report")
+        cells = pl.read_parquet(out / "summary.parquet").height
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "peak_rss_mib": peak, "baseline_rss_mib": baseline, "cells": float(cells)}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mib": peak, "baseline_rss_mib": baseline,
+            "cells": float(cells)}
 
 
 def main() -> int:
@@ -156,15 +168,21 @@ def main() -> int:
         size = sum(f.stat().st_size for f in sweep_dir.rglob("rollouts.parquet"))
         rows = sum(pq.read_metadata(f).num_rows for f in sweep_dir.rglob("rollouts.parquet"))
         results = []
-        for phase in ("compute", "write_report"):
+        for phase in PHASES:
             out = subprocess.run([sys.executable, __file__, "--measure", str(sweep_dir), phase], check=True,
                                  capture_output=True, text=True, cwd=REPO)
             figures = json.loads(out.stdout.strip().splitlines()[-1])
             results.append({"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
                             **figures, "polars": __import__("polars").__version__})
-            print(f"{phase:>12}: {figures['seconds']:.2f}s, peak RSS {figures['peak_rss_mib']:.0f} MiB "
-                  f"(after imports {figures['baseline_rss_mib']:.0f} MiB), {rows:,} rollout rows, "
-                  f"{size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
+            print(f"{phase:>12}: {figures['seconds']:.2f}s ({figures['cpu_seconds']:.2f} CPU s), peak RSS "
+                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB), "
+                  f"{rows:,} rollout rows, {size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
+        compute = results[0]
+        for row in results:  # each phase includes the compute: the ratio is what writing adds to it
+            row["ratio_vs_compute"] = row["seconds"] / compute["seconds"]
+            row["cpu_ratio_vs_compute"] = row["cpu_seconds"] / compute["cpu_seconds"]
+        print("vs compute: " + ", ".join(f"{r['phase']} {r['ratio_vs_compute']:.2f}x wall, "
+                                         f"{r['cpu_ratio_vs_compute']:.2f}x CPU" for r in results[1:]))
         print(f"results: {write_results('report_scale', results, args.results_dir)}")
     finally:
         if not args.dir and not args.keep:
