@@ -24,6 +24,9 @@ def test_scale_quick_writes_one_row_per_sweep_size(tmp_path: Path, data_dir: Pat
         assert row["rollout_rows"] >= row["runs"] * row["budget_per_run"] * 0.5
         assert row["rollouts_per_s"] > 0 and row["rollouts_per_s_end_to_end"] > 0
         assert row["driver_peak_rss_mib"] > 0
+        # the runs ran in RunWorker actors beside the driver: both spent CPU while they ran
+        assert row["cpu_s_run_actors"] > 0 and row["cpu_s_driver"] >= 0 and row["cpu_s_model"] >= 0
+        assert row["harness_cpu_s"] <= row["cpu_s_all"] and row["rollouts_per_harness_cpu_s"] > 0
         assert 0 < row["startup_s"] < row["wall_s"] and row["runs_span_s"] < row["wall_s"]
         assert row["host"] and row["cpus"]  # the machine columns
     assert rows[0]["rollouts_per_s_vs_1_run"] == pytest.approx(1.0)

@@ -17,7 +17,15 @@ root. Measured per point:
 - `driver_peak_rss_mib`: VmHWM of the driver process itself (not Ray's), polled every 0.2 s;
   `driver_peak_rss_runs_mib`: its VmHWM when the last run finished (before the closing report);
   `ray_workers_peak_rss_mib`: the largest sum of RSS of its `ray::` worker processes seen
-  (polled every second; shared pages counted once per process).
+  (polled every 0.4 s; shared pages counted once per process);
+- where the CPU goes over the runs span, by process below the driver (every 0.4 s from
+  /proc): `cpu_s_driver`, `cpu_s_run_actors` (RunWorker), `cpu_s_harness_actors` (the sweep's
+  board, limiter and node services actors), `cpu_s_container`, `cpu_s_gateway`, `cpu_s_model`
+  (the scripted model server), `cpu_s_ray` (raylet, GCS, dashboard, idle workers);
+  `harness_cpu_s` is the first three, the harness's own cost, and `rollouts_per_harness_cpu_s`
+  divides the rollout rows by it: unlike `rollouts_per_s` it does not depend on how many
+  cores the machine has or who else uses them. `harness_cpu_s_command` is the harness's CPU
+  over the whole command (startup and the closing report included).
 
 A failed run, or a sweep that exits non-zero, fails the benchmark. Results are printed and
 written to benchmarks/perf/results/scale.parquet.
@@ -65,8 +73,18 @@ def _kib(pid: int, field: str) -> int | None:
     return None
 
 
-def _ray_worker_rss_kib(root: int) -> int:
-    """Summed VmRSS of the `ray::...` processes (Ray workers and actors) below `root`."""
+# Where a sweep's CPU goes, by process: the first pattern found in a process's command line
+# names its part; the harness's own cost is the driver's and its actors'.
+PARTS = (("run_actors", b"ray::RunWorker"), ("harness_actors", b"ray::SweepBoard"),
+         ("harness_actors", b"ray::EndpointLimiter"), ("harness_actors", b"ray::NodeServices"),
+         ("container", b"benchmarks.containers"), ("gateway", b"harness.gateway"),
+         ("model", b"harness.scripted_server"))
+HARNESS_PARTS = ("driver", "run_actors", "harness_actors")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and every process below it."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -75,30 +93,59 @@ def _ray_worker_rss_kib(root: int) -> int:
                 parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
             except (OSError, ValueError):
                 continue
-    below, frontier = set(), [root]
+    below, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
         children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in below]
         below.update(children)
         frontier.extend(children)
-    total = 0
-    for pid in below:
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::"):
-                total += _kib(pid, "VmRSS") or 0
-        except OSError:
-            continue
-    return total
+    return below
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` so far (its own threads, not its children)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _part(pid: int, root: int, cmdline: bytes) -> str:
+    if pid == root:
+        return "driver"
+    return next((name for name, pattern in PARTS if pattern in cmdline), "ray")
 
 
 class MemorySampler(threading.Thread):
-    """Peak RSS of the driver (VmHWM, every 0.2 s) and of its Ray workers (every second)."""
+    """Peak RSS of the driver (VmHWM, every 0.2 s) and of its Ray workers, and the CPU seconds
+    of every process below the driver by part (every 0.4 s). A process's CPU counts up to its
+    last sample, so one that exits loses at most a sampling interval."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.driver_kib, self.workers_kib = pid, 0, 0
         self.history: list[tuple[float, int]] = []  # (wall clock, VmHWM so far)
+        self.cpu_history: list[tuple[float, dict[int, float]]] = []  # (wall clock, CPU s so far by pid)
+        self.parts: dict[int, str] = {}  # pid -> its part, by its latest command line
+        self._cpu: dict[int, float] = {}  # pid -> CPU s at its last sample
         self._stop_event = threading.Event()
+
+    def _walk(self) -> None:
+        workers = 0
+        for pid in _tree(self.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(b"ray::"):
+                workers += _kib(pid, "VmRSS") or 0
+            cpu = _cpu_s(pid)
+            if cpu is not None:  # a Ray worker takes its actor's name after it starts: the latest name counts
+                self._cpu[pid], self.parts[pid] = cpu, _part(pid, self.pid, cmdline)
+        self.workers_kib = max(self.workers_kib, workers)
+        self.cpu_history.append((time.time(), dict(self._cpu)))
 
     def run(self) -> None:
         tick = 0
@@ -107,10 +154,21 @@ class MemorySampler(threading.Thread):
             if hwm is not None:
                 self.driver_kib = max(self.driver_kib, hwm)
                 self.history.append((time.time(), hwm))
-            if tick % 5 == 0:
-                self.workers_kib = max(self.workers_kib, _ray_worker_rss_kib(self.pid))
+            if tick % 2 == 0:
+                self._walk()
             tick += 1
             self._stop_event.wait(0.2)
+
+    def cpu_between(self, start: float, end: float = float("inf")) -> dict[str, float]:
+        """CPU seconds by part spent from wall clock `start` to `end` (the samples just before
+        each), each process under the part it ended as."""
+        def at(when: float) -> dict[int, float]:
+            return next((by_pid for t, by_pid in reversed(self.cpu_history) if t <= when), {})
+        before, after = at(start), at(end)
+        by_part: dict[str, float] = {}
+        for pid, cpu in after.items():
+            by_part[self.parts[pid]] = by_part.get(self.parts[pid], 0.0) + cpu - before.get(pid, 0.0)
+        return by_part
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -201,6 +259,9 @@ def measure(runs: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     limits = _harness_limits(args)
     # the driver's high-water mark when the last run finished: before the closing report
     during = max((hwm for at, hwm in sampler.history if at <= max(ends)), default=0)
+    cpu = sampler.cpu_between(min(starts), max(ends))
+    harness_cpu = sum(cpu.get(part, 0.0) for part in HARNESS_PARTS)
+    whole = sampler.cpu_between(float("-inf"))
     return {
         "runs": runs, "max_runs_in_flight": in_flight, "cpus_per_run": args.cpus_per_run,
         "budget_per_run": args.budget, "rollout_rows": rows,
@@ -215,6 +276,11 @@ def measure(runs: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "ray_workers_peak_rss_mib": sampler.workers_kib / MIB,
         "runs_done": sum(r["status"] == "done" for r in index), "runs_failed": len(failed),
         "load_1m_before": load_before, **limits,
+        **{f"cpu_s_{part}": cpu.get(part, 0.0) for part in (*HARNESS_PARTS, "container", "gateway", "model", "ray")},
+        "harness_cpu_s": harness_cpu, "cpu_s_all": sum(cpu.values()),
+        "rollouts_per_harness_cpu_s": rows / harness_cpu if harness_cpu else None,
+        "rollouts_per_cpu_s": rows / sum(cpu.values()) if sum(cpu.values()) else None,
+        "harness_cpu_s_command": sum(whole.get(part, 0.0) for part in HARNESS_PARTS),
     }
 
 
@@ -269,6 +335,17 @@ def main(argv: list[str] | None = None) -> Path:
               f"{r['rollouts_per_s']:>7.1f} {ratio:>5} {r['wall_s']:>6.1f} {r['rollouts_per_s_end_to_end']:>6.1f} "
               f"{r['startup_s']:>7.1f} {r['driver_peak_rss_mib']:>10.0f} {r['driver_peak_rss_runs_mib']:>9.0f} "
               f"{r['ray_workers_peak_rss_mib']:>11.0f}")
+    print(f"\nCPU seconds over the runs span by part (harness = driver + run actors + other harness actors; "
+          f"the machine may be shared: other processes are not counted)")
+    print(f"{'runs':>5} {'driver':>7} {'runs':>6} {'actors':>6} {'contnr':>6} {'gatewy':>6} {'model':>6} {'ray':>6} "
+          f"{'harness':>7} {'rows/harness CPU s':>18} {'rows/CPU s':>10}")
+    for r in results:
+        per_harness = r["rollouts_per_harness_cpu_s"]
+        per_cpu = r["rollouts_per_cpu_s"]
+        print(f"{r['runs']:>5} {r['cpu_s_driver']:>7.1f} {r['cpu_s_run_actors']:>6.1f} {r['cpu_s_harness_actors']:>6.1f} "
+              f"{r['cpu_s_container']:>6.1f} {r['cpu_s_gateway']:>6.1f} {r['cpu_s_model']:>6.1f} {r['cpu_s_ray']:>6.1f} "
+              f"{r['harness_cpu_s']:>7.1f} {'' if per_harness is None else f'{per_harness:.1f}':>18} "
+              f"{'' if per_cpu is None else f'{per_cpu:.1f}':>10}")
     print(f"written to {where}")
     return where
 
