@@ -65,3 +65,20 @@ def test_beside_others_an_iteration_starts_only_if_its_child_could_be_scored(tmp
     assert spent <= budget and ev["manifest"]["stop_reason"] == "max_rollouts"
     # it stops when a whole iteration (parent and child minibatches, 3 + 3, and the pareto pool, 5) no longer fits
     assert budget - spent < 3 + 3 + 5
+
+
+def test_samples_drawn_together_take_one_round_trip(tmp_path, data_dir, banking77_url, slow_policy, bank) -> None:
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:12],
+                         pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=20,
+                         params={"minibatch_size": 3, "proposal_samples": 2, "proposal_attempts": 1,
+                                 "sample_together": True})
+    outcome = execute(spec, banking77_url, slow_policy.base_url)
+    assert outcome.status == "done", outcome.error
+    ev = read_evidence(outcome.evidence_dir)
+    first = ev["proposals"].sort("iteration").row(0, named=True)
+    assert first["attempts"] == 2 and first["child_id"] is not None  # no early stop: both samples drawn
+    created = ev["candidates"].filter(pl.col("candidate_id") == first["child_id"])["elapsed_s_at_creation"].item()
+    parent_scored = spans(ev).filter((pl.col("candidate_id") == first["parent_id"]) & (pl.col("stage") == "minibatch")
+                                     & (pl.col("elapsed_s") <= created))["elapsed_s"].max()
+    # one after the other, the proposal would take at least the two calls' latencies together
+    assert created - parent_scored < first["latency_s"]

@@ -31,7 +31,7 @@ from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatResult
+from harness.llm import ChatMessage, ChatResult
 
 
 class GepaParams(BaseModel):
@@ -56,6 +56,9 @@ class GepaParams(BaseModel):
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
     max_proposer_errors: int = Field(default=3, gt=0)  # consecutive failed proposer calls that fail the run
     parallel_proposals: int = Field(default=1, gt=0)  # iterations in flight at once (1: the sequential loop)
+    # draw a request's proposal_samples at once: one proposer round trip instead of one per
+    # sample, at the price of samples the early stop (lines_wanted) would have saved
+    sample_together: bool = False
 
     @field_validator("edit_formats")
     @classmethod
@@ -319,16 +322,16 @@ class GepaOptimizer:
             messages = request(current, results, edit_format, task_info, settings)
             replies: list[ChatResult] = []
             try:
-                for _ in range(params.proposal_samples):
-                    reply = await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens, scopes=scopes)
-                    calls += 1
-                    tokens[0] += reply.prompt_tokens
-                    tokens[1] += reply.completion_tokens
-                    latency += reply.latency_s
-                    replies.append(reply)
-                    proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
-                    if proposal.enough(params.lines_wanted):
-                        break
+                if params.sample_together:
+                    await _sample_together(ctx, messages, params.proposal_samples, replies, temperature=temperature,
+                                           max_tokens=max_tokens, scopes=scopes)
+                else:
+                    for _ in range(params.proposal_samples):
+                        replies.append(await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens,
+                                                         scopes=scopes))
+                        proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
+                        if proposal.enough(params.lines_wanted):
+                            break
             except ServiceError as exc:
                 # An endpoint that keeps failing (after the client's retries) fails the run.
                 self._proposer_errors += 1
@@ -339,6 +342,12 @@ class GepaOptimizer:
                     break
             else:
                 self._proposer_errors = 0
+            finally:
+                for reply in replies:
+                    calls += 1
+                    tokens[0] += reply.prompt_tokens
+                    tokens[1] += reply.completion_tokens
+                    latency += reply.latency_s
             proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
             if proposal.status == "changed" or error is not None:
                 break
@@ -358,6 +367,18 @@ class GepaOptimizer:
             return None
         child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
         return child, fields
+
+
+async def _sample_together(ctx: RunView, messages: list[ChatMessage], samples: int, replies: list[ChatResult],
+                           **settings: Any) -> None:
+    """Draw all of a request's samples at once into `replies` (in request order); the first
+    failure is raised once every call has ended, with the replies that did arrive kept."""
+    outcomes = await asyncio.gather(*(ctx.propose(messages, **settings) for _ in range(samples)),
+                                    return_exceptions=True)
+    replies.extend(o for o in outcomes if isinstance(o, ChatResult))
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 def _proposal_record(proposal: Proposal) -> dict[str, Any]:

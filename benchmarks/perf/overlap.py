@@ -8,7 +8,9 @@ call is the 200 ms one). The limit a run can reach is rollouts x latency / concu
 rollouts it spent, at most the budget, perfectly packed); each arm's optimization wall time (run start to its
 last optimization rollout) is reported against it. Arms:
 
-- `gepa`: ours with `parallel_proposals` = concurrency / minibatch, so the slots stay full;
+- `gepa`: ours with `parallel_proposals` = concurrency / minibatch, so the slots stay full,
+  and a request's proposer samples drawn together (`sample_together`: one round trip, not
+  one per sample; `--no-sample-together` measures without);
 - `gepa_sequential`: ours with one iteration at a time (the loop before parallel proposals);
 - `gepa_ai`: the reference library, which runs one iteration at a time by design.
 
@@ -39,13 +41,16 @@ ARMS = ("gepa", "gepa_sequential", "gepa_ai")
 
 
 def run_spec(arm: str, concurrency: int, budget: int, latency: float, data_dir: str, root: Path,
-             proposals_per_slot: float = 1.0) -> RunSpec:
+             proposals_per_slot: float = 1.0, sample_together: bool = True) -> RunSpec:
     source = f"rules?latency_s={latency:g}"
     if arm == "gepa_ai":
         algorithm = AlgorithmSpec(name="gepa_ai", params={"minibatch_size": MINIBATCH})
     else:
         parallel = 1 if arm == "gepa_sequential" else max(1, round(proposals_per_slot * concurrency / MINIBATCH))
-        algorithm = AlgorithmSpec(name="gepa", params={"minibatch_size": MINIBATCH, "parallel_proposals": parallel})
+        params = {"minibatch_size": MINIBATCH, "parallel_proposals": parallel}
+        if arm == "gepa":
+            params["sample_together"] = sample_together
+        algorithm = AlgorithmSpec(name="gepa", params=params)
     return RunSpec(
         container=ContainerSpec(name="banking77", command=["python", "-m", "benchmarks.containers.banking77"],
                                 data_dir=data_dir, target_modules=["stage2_system"]),
@@ -79,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--proposals-per-slot", type=float, default=1.0,
                         help="our parallel_proposals = this x concurrency / minibatch")
+    parser.add_argument("--sample-together", action=argparse.BooleanOptionalAction, default=True,
+                        help="the gepa arm draws a request's proposer samples at once")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--results-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="budget 48 at concurrency 1 and 16: a smoke run")
@@ -93,9 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             for arm in arms:
                 got = one_run(services, run_spec(arm, concurrency, args.budget, args.latency, data_dir,
-                                                 Path(tmp) / f"{arm}-{concurrency}", args.proposals_per_slot))
+                                                 Path(tmp) / f"{arm}-{concurrency}", args.proposals_per_slot,
+                                                 args.sample_together))
                 limit = got["rollouts"] * args.latency / concurrency  # the rollouts it spent, perfectly packed
                 row = {"arm": arm, "concurrency": concurrency, "budget": args.budget, "latency_s": args.latency,
+                       "sample_together": arm == "gepa" and args.sample_together,
                        "limit_s": limit, **got, "ratio_to_limit": got["optimization_s"] / limit}
                 rows.append(row)
                 print(f"c={concurrency:<3} {arm:<16} {got['optimization_s']:7.1f}s for {got['rollouts']} rollouts "
