@@ -29,6 +29,7 @@ from typing import Any
 import polars as pl
 
 from benchmarks.perf.common import default_data_dir, optimization_window, write_results
+from harness.context import OPTIMIZATION_STAGES
 from harness.gateway.models import GatewaySettings, LimitSettings
 from harness.run import execute_run
 from harness.services import Services
@@ -71,9 +72,15 @@ def one_run(services: Services, spec: RunSpec) -> dict[str, Any]:
     if outcome.status != "done":
         raise RuntimeError(f"{spec.algorithm.name} at concurrency {spec.concurrency} failed: {outcome.error}")
     run_dir = Path(outcome.evidence_dir)
-    rollouts, optimization_s = optimization_window(pl.read_parquet(run_dir / "rollouts.parquet"))
+    table = pl.read_parquet(run_dir / "rollouts.parquet")
+    rollouts, optimization_s = optimization_window(table)
     proposals = pl.read_parquet(run_dir / "proposals.parquet").height
-    return {"rollouts": rollouts, "optimization_s": optimization_s, "run_wall_s": wall, "proposals": proposals}
+    # A rollout slower than the model's latency, and slots busy while the run is still slow, say
+    # the CPU, not the schedule, is the limit: then a larger --latency measures the schedule.
+    spans = table.filter(pl.col("stage").is_in(list(OPTIMIZATION_STAGES)))["latency_s"]
+    busy = float(spans.sum()) / (spec.concurrency * optimization_s) if optimization_s else 0.0
+    return {"rollouts": rollouts, "optimization_s": optimization_s, "run_wall_s": wall, "proposals": proposals,
+            "mean_rollout_s": float(spans.mean() or 0.0), "slot_occupancy": busy}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                        "limit_s": limit, **got, "ratio_to_limit": got["optimization_s"] / limit}
                 rows.append(row)
                 print(f"c={concurrency:<3} {arm:<16} {got['optimization_s']:7.1f}s for {got['rollouts']} rollouts "
-                      f"({row['ratio_to_limit']:.2f}x the {limit:.1f}s limit)", flush=True)
+                      f"({row['ratio_to_limit']:.2f}x the {limit:.1f}s limit; a rollout took {got['mean_rollout_s']:.2f}s, "
+                      f"slots {got['slot_occupancy']:.0%} busy)", flush=True)
     by_key = {(r["arm"], r["concurrency"]): r for r in rows}
     for row in rows:
         library = by_key.get(("gepa_ai", row["concurrency"]))
