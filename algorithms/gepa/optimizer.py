@@ -143,10 +143,10 @@ class GepaOptimizer:
         seed = ctx.seed_candidate
         try:
             seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
+            frontier.add(seed.candidate_id, [r.reward for r in seed_results])
+            ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
         finally:
             self._seeded.set()  # set either way, so no iteration waits for a seed that will not come
-        frontier.add(seed.candidate_id, [r.reward for r in seed_results])
-        ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
 
     async def _score_seed_beside(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState,
                                  hold: Reservation) -> None:
