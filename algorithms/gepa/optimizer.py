@@ -5,16 +5,19 @@ module, accept on minibatch improvement, then score the child on the pareto pool
 rows. The run's pick is the best pareto mean.
 
 With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
-so the model's latency is overlapped rather than paid one minibatch at a time. Each
-iteration reserves its minibatch rollouts with the run's budget before it starts, and an
-accepted child is scored on the pareto pool only if that fits beside the others'
-reservations, so together they never overrun the budget; which candidate gets
-which id then depends on response order."""
+so the model's latency is overlapped rather than paid one minibatch at a time. The first
+iterations start on the seed while the seed itself is scored on the pareto pool. Each
+iteration reserves with the run's budget, before it starts, its minibatch rollouts and the
+pareto scoring of its child (an iteration whose child could not be scored cannot change
+the frontier), so together they never overrun the budget; which candidate gets which id
+then depends on response order. Alone (P = 1) the pareto part is checked on acceptance."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+from contextlib import ExitStack
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -28,7 +31,7 @@ from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
 from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatResult
+from harness.llm import ChatMessage, ChatResult
 
 
 class GepaParams(BaseModel):
@@ -53,6 +56,9 @@ class GepaParams(BaseModel):
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
     max_proposer_errors: int = Field(default=3, gt=0)  # consecutive failed proposer calls that fail the run
     parallel_proposals: int = Field(default=1, gt=0)  # iterations in flight at once (1: the sequential loop)
+    # draw a request's proposal_samples at once: one proposer round trip instead of one per
+    # sample, at the price of samples the early stop (lines_wanted) would have saved
+    sample_together: bool = False
 
     @field_validator("edit_formats")
     @classmethod
@@ -100,25 +106,56 @@ class GepaOptimizer:
     async def run(self, ctx: RunView) -> OptimizerResult:
         frontier = ParetoFrontier(ctx.pools.pareto)
         seed = ctx.seed_candidate
-        try:
-            seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
-        except BudgetExhausted as exhausted:
-            return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
-        frontier.add(seed.candidate_id, [r.reward for r in seed_results])
-        ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
-        self._proposer_errors = 0
-        self._rotation = Rotation(ctx.target_modules)
-        self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
+        self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
         loop = LoopState(ctx.budget)
-        workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
-        if len(workers) == 1:
-            await workers[0]
+        if self.params.parallel_proposals == 1:
+            try:
+                await self._score_seed(ctx, frontier)
+            except BudgetExhausted as exhausted:
+                return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
+            self._start_loop(ctx)
+            await self._worker(ctx, frontier, loop)
         else:
-            await all_or_first_error(workers)
+            # The first iterations need only the seed's texts, not its pareto scores: they start
+            # while the seed is scored, which would otherwise leave most slots idle for a round trip.
+            with ExitStack() as held:
+                try:
+                    hold = held.enter_context(ctx.budget.reserve(len(ctx.uncached(seed, list(ctx.pools.pareto)))))
+                except BudgetExhausted as exhausted:
+                    return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
+                self._start_loop(ctx)
+                workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
+                await all_or_first_error([self._score_seed_beside(ctx, frontier, loop, hold), *workers])
+            if seed.candidate_id not in frontier.scores:
+                return OptimizerResult(best_candidate_id=seed.candidate_id,
+                                       stop_reason=loop.stop or StopReason.MAX_ROLLOUTS)
         best = frontier.best()
         stop = loop.stop or StopReason.MAX_ROLLOUTS
         ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
         return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
+
+    def _start_loop(self, ctx: RunView) -> None:
+        self._proposer_errors = 0
+        self._rotation = Rotation(ctx.target_modules)
+        self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
+
+    async def _score_seed(self, ctx: RunView, frontier: ParetoFrontier) -> None:
+        seed = ctx.seed_candidate
+        try:
+            seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
+            frontier.add(seed.candidate_id, [r.reward for r in seed_results])
+            ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
+        finally:
+            self._seeded.set()  # set either way, so no iteration waits for a seed that will not come
+
+    async def _score_seed_beside(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState,
+                                 hold: Reservation) -> None:
+        """The seed's pareto evaluation beside the first iterations, in rollouts held for it."""
+        hold.spend(hold.left)  # evaluate starts them all before its first await
+        try:
+            await self._score_seed(ctx, frontier)
+        except BudgetExhausted as exhausted:
+            loop.finish(exhausted.reason)
 
     async def _worker(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
@@ -151,9 +188,16 @@ class GepaOptimizer:
         minibatch = self._sampler.next(k)
         pair = self._merge_pair(ctx, frontier) if params.merge_every and (iteration + 1) % params.merge_every == 0 \
             else None
-        parents = [ctx.candidate(c) for c in pair] if pair else [ctx.candidate(frontier.sample(ctx.rng))]
-        # the minibatch part must fit now; the pareto part is checked on acceptance
+        if pair:
+            parents = [ctx.candidate(c) for c in pair]
+        else:  # the frontier is empty only while the seed is scored: the seed is then its only member-to-be
+            parents = [ctx.candidate(frontier.sample(ctx.rng)) if frontier.scores else ctx.seed_candidate]
+        # The minibatch part must fit now. Alone, the pareto part is checked on acceptance; beside
+        # others it is held too, else late iterations spend minibatches on children the budget
+        # can no longer score (they cannot reach the frontier) and stretch the run's tail.
         needed = sum(len(ctx.uncached(p, minibatch)) for p in parents) + k
+        if params.parallel_proposals > 1:
+            needed += len(ctx.pools.pareto)
         with ctx.budget.reserve(needed) as reservation:
             if pair:
                 await self._merge(ctx, frontier, iteration, parents, minibatch, reservation)
@@ -200,7 +244,9 @@ class GepaOptimizer:
             raise BudgetExhausted(StopReason.MAX_ROLLOUTS)
         if not accepted:
             return
+        reservation.spend(len(pareto))
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
         ctx.event("accept", f"{candidate.candidate_id} accepted", parents=list(candidate.parent_ids),
@@ -276,16 +322,16 @@ class GepaOptimizer:
             messages = request(current, results, edit_format, task_info, settings)
             replies: list[ChatResult] = []
             try:
-                for _ in range(params.proposal_samples):
-                    reply = await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens, scopes=scopes)
-                    calls += 1
-                    tokens[0] += reply.prompt_tokens
-                    tokens[1] += reply.completion_tokens
-                    latency += reply.latency_s
-                    replies.append(reply)
-                    proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
-                    if proposal.enough(params.lines_wanted):
-                        break
+                if params.sample_together:
+                    await _sample_together(ctx, messages, params.proposal_samples, replies, temperature=temperature,
+                                           max_tokens=max_tokens, scopes=scopes)
+                else:
+                    for _ in range(params.proposal_samples):
+                        replies.append(await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens,
+                                                         scopes=scopes))
+                        proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
+                        if proposal.enough(params.lines_wanted):
+                            break
             except ServiceError as exc:
                 # An endpoint that keeps failing (after the client's retries) fails the run.
                 self._proposer_errors += 1
@@ -296,6 +342,12 @@ class GepaOptimizer:
                     break
             else:
                 self._proposer_errors = 0
+            finally:
+                for reply in replies:
+                    calls += 1
+                    tokens[0] += reply.prompt_tokens
+                    tokens[1] += reply.completion_tokens
+                    latency += reply.latency_s
             proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
             if proposal.status == "changed" or error is not None:
                 break
@@ -315,6 +367,18 @@ class GepaOptimizer:
             return None
         child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
         return child, fields
+
+
+async def _sample_together(ctx: RunView, messages: list[ChatMessage], samples: int, replies: list[ChatResult],
+                           **settings: Any) -> None:
+    """Draw all of a request's samples at once into `replies` (in request order); the first
+    failure is raised once every call has ended, with the replies that did arrive kept."""
+    outcomes = await asyncio.gather(*(ctx.propose(messages, **settings) for _ in range(samples)),
+                                    return_exceptions=True)
+    replies.extend(o for o in outcomes if isinstance(o, ChatResult))
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 def _proposal_record(proposal: Proposal) -> dict[str, Any]:
