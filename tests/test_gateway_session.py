@@ -106,3 +106,36 @@ def test_a_failed_shared_announcement_fails_every_caller(gateway) -> None:
 
     outcomes = asyncio.run(main())
     assert all(isinstance(o, ServiceError) for o in outcomes)
+
+
+def test_a_control_call_the_gateway_dropped_unanswered_is_tried_again() -> None:
+    """A gateway that closes the first connection without answering (as one closing a
+    kept-alive connection under load does): the announcement still lands."""
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length")), 0)
+        seen.append(await reader.readexactly(length))
+        if len(seen) > 1:
+            body = b'{"tokens": {"s0": "t0"}}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+        writer.close()
+
+    async def main() -> str:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        run = GatewaySession(f"http://127.0.0.1:{port}", "run1", policy_upstream="fake", proposer_upstream="fake")
+        try:
+            await run.announce({"s0": "c0"}, {"c0": {"system": "x"}}, budgeted=True)
+            base = PolicyBlock(provider="openai_compatible", model="m", base_url="http://unused/v1")
+            return str(run.policy_block(base, "s0").base_url)
+        finally:
+            await run.close()
+            server.close()
+
+    url = asyncio.run(main())
+    assert seen[0] == seen[1] != b"" and "/c/t0/" in url

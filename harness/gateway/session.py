@@ -28,6 +28,7 @@ from pydantic import TypeAdapter
 from harness.contract import PolicyBlock
 from harness.http_pool import ClientPerCall
 from harness.errors import FailureKind, ServiceError
+from harness.retry import AttemptFailed, RetryPolicy
 from harness.gateway.models import (
     Announcement,
     CallRecord,
@@ -48,6 +49,10 @@ _Announced = tuple[dict[str, str], dict[str, dict[str, str]]]  # rollout scopes 
 # columns of the model_calls table the gateway does not know: the run fills them in
 _RUN_COLUMNS = ("rollout_id", "proposal_id")
 REFRESH_EVERY_S = 1.0
+# A control call that got no answer is tried again shortly, on another connection: a kept-alive
+# one the gateway had just closed fails so under load (every control call here is idempotent
+# but the registration, whose retry meets a 409 if the first got through).
+_CONTROL_RETRY = RetryPolicy(attempts=3, base_delay_s=0.05, max_delay_s=0.5)
 
 
 class GatewaySession:
@@ -77,12 +82,18 @@ class GatewaySession:
         self._closer = _Coalesced(self._close_batch)
 
     async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        try:
-            async with self._clients.client() as http:
-                response = await http.request(method, f"{self.gateway_url}{path}", content=body,
+        async def attempt() -> httpx.Response:
+            try:
+                async with self._clients.client() as http:
+                    return await http.request(method, f"{self.gateway_url}{path}", content=body,
                                               headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise ServiceError(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+            except httpx.HTTPError as exc:
+                raise AttemptFailed(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+
+        try:
+            response = await _CONTROL_RETRY.run(attempt)
+        except AttemptFailed as exc:
+            raise ServiceError(str(exc), exc.kind) from None
         if response.status_code != 200:
             raise ServiceError(f"gateway {method} {path}: HTTP {response.status_code}: {response.text[:300]}",
                                FailureKind.FATAL)
