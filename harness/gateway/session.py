@@ -4,16 +4,22 @@ before they start (for the prompt check and the budget) and closes them when the
 reads the metered spend back into the run (whose budget, harness/budget.py, decides on
 it), and fetches the run's calls for its evidence at the end.
 
+Announcements and closings made while one is in flight go out together in the next
+request (`_Coalesced`): with many evaluations in flight (parallel proposals of small
+minibatches) a request per evaluation was as many gateway calls as rollouts.
+
 Authority: the control calls carry the driver's admin token; the gateway answers the
 registration with the run's token (for the proposer's URLs) and each announcement with one
 token per rollout (for that rollout's URL, the only one its container sees)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -22,6 +28,7 @@ from pydantic import TypeAdapter
 from harness.contract import PolicyBlock
 from harness.http_pool import ClientPerCall
 from harness.errors import FailureKind, ServiceError
+from harness.retry import AttemptFailed, RetryPolicy
 from harness.gateway.models import (
     Announcement,
     CallRecord,
@@ -37,9 +44,15 @@ if TYPE_CHECKING:
     from harness.llm import ChatClient
 
 _RECORDS = TypeAdapter(list[CallRecord])
+T = TypeVar("T")
+_Announced = tuple[dict[str, str], dict[str, dict[str, str]]]  # rollout scopes -> candidate ids, candidates' texts
 # columns of the model_calls table the gateway does not know: the run fills them in
 _RUN_COLUMNS = ("rollout_id", "proposal_id")
 REFRESH_EVERY_S = 1.0
+# A control call that got no answer is tried again shortly, on another connection: a kept-alive
+# one the gateway had just closed fails so under load (every control call here is idempotent
+# but the registration, whose retry meets a 409 if the first got through).
+_CONTROL_RETRY = RetryPolicy(attempts=3, base_delay_s=0.05, max_delay_s=0.5)
 
 
 class GatewaySession:
@@ -63,14 +76,24 @@ class GatewaySession:
         self._rollout_scopes: set[str] = set()
         self._refused_seen = 0
         self._refreshed_at = float("-inf")
+        # by whether the run's USD budget applies: one announcement carries one flag
+        self._announcers = {budgeted: _Coalesced(partial(self._announce_batch, budgeted))
+                            for budgeted in (True, False)}
+        self._closer = _Coalesced(self._close_batch)
 
     async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        try:
-            async with self._clients.client() as http:
-                response = await http.request(method, f"{self.gateway_url}{path}", content=body,
+        async def attempt() -> httpx.Response:
+            try:
+                async with self._clients.client() as http:
+                    return await http.request(method, f"{self.gateway_url}{path}", content=body,
                                               headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise ServiceError(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+            except httpx.HTTPError as exc:
+                raise AttemptFailed(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+
+        try:
+            response = await _CONTROL_RETRY.run(attempt)
+        except AttemptFailed as exc:
+            raise ServiceError(str(exc), exc.kind) from None
         if response.status_code != 200:
             raise ServiceError(f"gateway {method} {path}: HTTP {response.status_code}: {response.text[:300]}",
                                FailureKind.FATAL)
@@ -90,14 +113,24 @@ class GatewaySession:
         return base.model_copy(update={"base_url": url, "inference_url": url})
 
     async def announce(self, scopes: dict[str, str], candidates: dict[str, dict[str, str]], budgeted: bool) -> None:
+        """Open rollout scopes; returns once the gateway has granted each its token."""
         self._rollout_scopes.update(scopes)
+        await self._announcers[budgeted]((scopes, candidates))
+
+    async def _announce_batch(self, budgeted: bool, batch: list[_Announced]) -> None:
+        scopes = {scope: cid for part, _ in batch for scope, cid in part.items()}
+        candidates = {cid: texts for _, part in batch for cid, texts in part.items()}
         body = Announcement(scopes=scopes, candidates=candidates, budgeted=budgeted)
         response = await self._request("POST", f"/runs/{self.key}/scopes", body.model_dump_json())
         self._scope_tokens.update(ScopeGrants.model_validate_json(response.content).tokens)
 
     async def close_scopes(self, scopes: list[str]) -> None:
         """The rollouts ended: their containers' URLs spend nothing more."""
-        await self._request("POST", f"/runs/{self.key}/scopes/close", ScopeClosing(scopes=scopes).model_dump_json())
+        await self._closer(scopes)
+
+    async def _close_batch(self, batch: list[list[str]]) -> None:
+        closing = ScopeClosing(scopes=[scope for part in batch for scope in part])
+        await self._request("POST", f"/runs/{self.key}/scopes/close", closing.model_dump_json())
 
     def proposer_client(self, client: "ChatClient") -> "ChatClient":
         """`client` aimed at this run's next proposer scope."""
@@ -167,6 +200,49 @@ class GatewaySession:
         except ServiceError:
             pass  # the gateway may be gone already; it forgets runs when it stops
         await self._clients.aclose()
+
+
+class _Coalesced(Generic[T]):
+    """One request at a time for a kind of call: items given while it is in flight wait and
+    go out together in the next. Each caller returns when the request carrying its item
+    did, or raises its error; a caller cancelled meanwhile does not cancel the request,
+    which others share."""
+
+    def __init__(self, send: Callable[[list[T]], Awaitable[None]]):
+        self._send = send
+        self._queued: list[T] = []
+        self._outcome: asyncio.Future[None] | None = None  # of the queued items' request
+        self._sender: asyncio.Task[None] | None = None
+
+    async def __call__(self, item: T) -> None:
+        if self._outcome is None:
+            self._outcome = asyncio.get_running_loop().create_future()
+        outcome = self._outcome
+        self._queued.append(item)
+        if self._sender is None:  # starts on the loop's next turn: items given in this one join
+            self._sender = asyncio.ensure_future(self._drain())
+        await asyncio.shield(outcome)
+
+    async def _drain(self) -> None:
+        try:
+            while self._queued:
+                batch, outcome = self._queued, self._outcome
+                assert outcome is not None
+                self._queued, self._outcome = [], None
+                try:
+                    await self._send(batch)
+                except Exception as exc:
+                    outcome.set_exception(exc)
+                except BaseException:
+                    outcome.cancel()
+                    raise
+                else:
+                    outcome.set_result(None)
+        finally:
+            self._sender = None
+            if self._outcome is not None:  # this task was cancelled (the loop shuts down): nobody waits forever
+                self._outcome.cancel()
+                self._outcome, self._queued = None, []
 
 
 def _call_order(call_id: str) -> tuple[str, int]:
