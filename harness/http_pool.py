@@ -9,11 +9,19 @@ connections (last in, first out)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One verifying TLS context per process: loading the CA bundle takes ~50 ms, and a run
+    builds several clients (a short sweep run spent a third of its CPU on it)."""
+    return httpx.create_ssl_context()
 
 
 class ClientPerCall:
@@ -21,7 +29,6 @@ class ClientPerCall:
         self._timeout_s = timeout_s
         self._idle: list[httpx.AsyncClient] = []
         self._all: list[httpx.AsyncClient] = []
-        self._tls: Any = None
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[httpx.AsyncClient]:
@@ -32,10 +39,8 @@ class ClientPerCall:
             self._idle.append(http)
 
     def _new(self) -> httpx.AsyncClient:
-        if self._tls is None:
-            self._tls = httpx.create_ssl_context()  # loading the CA bundle takes ~50 ms: once per pool
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        http = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, verify=self._tls)
+        http = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, verify=tls_context())
         self._all.append(http)
         return http
 

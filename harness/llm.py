@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.api_key import bearer_headers, read_key
 from harness.errors import FailureKind, ServiceError, redact
+from harness.http_pool import ClientPerCall
 from harness.retry import AttemptFailed, RetryPolicy
 
 R = TypeVar("R")
@@ -54,7 +55,10 @@ class ChatClient:
         self.model = model
         self.api_key_env = api_key_env
         self.retry = retry or RetryPolicy()
-        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        # without a caller's client, one single-connection client per call in flight: httpx's
+        # shared pool costs more per request the more requests wait in it (http_pool.py)
+        self._client = client
+        self._pool = ClientPerCall(timeout_s) if client is None else None
         self._owns_client = client is None
         self._gate = gate
 
@@ -101,7 +105,7 @@ class ChatClient:
         async def attempt() -> R:
             started = time.perf_counter()
             try:
-                response = await self._client.post(url, json=body, headers=headers)
+                response = await self._send(url, body, headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 raise AttemptFailed(f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT) from exc
             if response.status_code != 200:
@@ -117,6 +121,13 @@ class ChatClient:
             return await self.retry.run(attempt)
         except AttemptFailed as exc:
             raise ServiceError(f"model call failed ({exc.kind.value}): {exc}", exc.kind) from None
+
+    async def _send(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+        if self._client is not None:
+            return await self._client.post(url, json=body, headers=headers)
+        assert self._pool is not None
+        async with self._pool.client() as http:
+            return await http.post(url, json=body, headers=headers)
 
     def _parse(self, response: httpx.Response, latency_s: float) -> ChatResult:
         try:
@@ -137,5 +148,5 @@ class ChatClient:
         )
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        if self._owns_client and self._pool is not None:
+            await self._pool.aclose()
