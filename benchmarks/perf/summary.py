@@ -33,7 +33,7 @@ def _overlap(df: pl.DataFrame) -> list[Line]:
     for row in df.sort("concurrency", "arm").iter_rows(named=True):
         library = "" if row["arm"] == "gepa_ai" or row["ratio_to_library"] is None else \
             f"; {row['ratio_to_library']:.2f}x the library's time"
-        goal = "<= 1.5x limit" if row["concurrency"] == 16 and row["arm"] == "gepa" else ""
+        goal = "<= 1.5x limit" if row["concurrency"] in (16, 64) and row["arm"] == "gepa" else ""
         out.append((f"overlap: {names.get(row['arm'], row['arm'])}, {row['latency_s'] * 1000:.0f} ms per model call, "
                      f"concurrency {row['concurrency']}",
                      f"{row['optimization_s']:.1f} s for {row['rollouts']} rollouts, "
@@ -67,16 +67,22 @@ def _local_model(df: pl.DataFrame) -> list[Line]:
 
 
 def _report_scale(df: pl.DataFrame) -> list[Line]:
-    return [(f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
-             f"{row['seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB", "")
-            for row in df.iter_rows(named=True)]
+    out = []
+    for row in df.iter_rows(named=True):
+        ratio = row.get("ratio_vs_compute")
+        versus = "" if ratio is None or row["phase"] == "compute" else \
+            f" (**{ratio:.2f}x** compute; CPU {row['cpu_ratio_vs_compute']:.2f}x)"
+        goal = "<= 2x compute" if row["phase"] == "write_report" else ""
+        out.append((f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
+                    f"{row['seconds']:.1f} s{versus}, peak RSS {row['peak_rss_mib']:.0f} MiB", goal))
+    return out
 
 
 def _gateway(df: pl.DataFrame) -> list[Line]:
     row = df.row(0, named=True)
     return [(f"gateway vs direct to a fake upstream, {row['concurrency']} concurrent calls",
              f"{row['gateway_per_s']:.0f} vs {row['direct_per_s']:.0f} completions/s "
-             f"({row['ratio_gateway_vs_direct']:.2f}); cache hit {row['gateway_cache_hit_per_s']:.0f}/s", "")]
+             f"(**{row['ratio_gateway_vs_direct']:.2f}**); cache hit {row['gateway_cache_hit_per_s']:.0f}/s", ">= 0.90")]
 
 
 def _cluster(df: pl.DataFrame) -> list[Line]:
