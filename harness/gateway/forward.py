@@ -77,7 +77,10 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def _usage(content: bytes) -> tuple[int, int, str | None]:
+Usage = tuple[int, int, str | None]  # prompt tokens, completion tokens, the model that answered
+
+
+def _usage(content: bytes) -> Usage:
     try:
         payload = json.loads(content)
         usage = payload.get("usage") or {}
@@ -133,8 +136,9 @@ class Gateway:
         return content.replace(key.encode(), REDACTED) if key and key.encode() in content else content
 
     async def _live(self, upstream: Upstream, endpoint: str, model: str, method: str, raw: bytes,
-                    estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int]:
-        """(status, body, headers for the caller, attempts). Retries only throttling
+                    estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int, Usage | None]:
+        """(status, body, headers for the caller, attempts, the answer's usage when it is a
+        200: parsed once, for the limiter and the meter). Retries only throttling
         (429/503), which the caller could not do better; other failures go back at once
         to the caller's own retry policy."""
         headers = {"content-type": "application/json", **upstream.headers}
@@ -142,16 +146,17 @@ class Gateway:
             key = self._key(upstream)
             if not key:
                 message = f"gateway: environment variable {upstream.api_key_env} is not set (key for {upstream.name})"
-                return 500, json.dumps({"error": {"type": "gateway_config", "message": message}}).encode(), {}, 0
+                return 500, json.dumps({"error": {"type": "gateway_config", "message": message}}).encode(), {}, 0, None
             headers["authorization"] = f"Bearer {key}"
         url, proxy = self._url(upstream, endpoint)
         limit = self.limiter.get(upstream.name, model)
         http = self.http
         assert http is not None, "the gateway's HTTP client opens with the app"
         attempts = 0
+        usage: Usage | None = None
 
         async def attempt() -> tuple[int, bytes, dict[str, str]]:
-            nonlocal attempts
+            nonlocal attempts, usage
             attempts += 1
             async with limit.slot(estimated_tokens) as ticket:
                 try:
@@ -166,8 +171,8 @@ class Gateway:
                     message = f"gateway: cannot reach {upstream.name}: {type(exc).__name__}"
                     return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), {}
                 if status == 200:  # any other outcome used none of the tokens it was charged
-                    prompt, completion, _ = _usage(content)
-                    ticket.used = prompt + completion
+                    usage = _usage(content)
+                    ticket.used = usage[0] + usage[1]
             if status in THROTTLE_STATUSES:
                 wait = retry_after_s(retry_after)
                 limit.on_throttle(None if self.retry.gives_up_on(wait) else wait, ticket.epoch)
@@ -183,7 +188,7 @@ class Gateway:
         except AttemptFailed as throttled:  # the caller sees the last throttle, with its Retry-After
             status, content, passed = throttled.answer  # type: ignore[misc]
             content = self._redact(content, upstream)
-        return status, content, passed, attempts
+        return status, content, passed, attempts, usage
 
     # ---- one model call ------------------------------------------------------------
 
@@ -257,16 +262,17 @@ class Gateway:
             record.cache = "replay"
             return self._finish(record, run, started, 404, error_response(404, "replay_miss", message, digest=digest),
                                 error=message, label="replay_miss")
-        status, content, headers, attempts = await self._live(upstream, endpoint, model, method, raw, estimated_tokens)
+        status, content, headers, attempts, usage = await self._live(upstream, endpoint, model, method, raw,
+                                                                     estimated_tokens)
         record.attempts = attempts
         if status == 200 and store is not None:
             await asyncio.to_thread(store.put, digest, upstream=upstream.name, endpoint=endpoint, model=model or None,
                                     body=content)
-        return self._finish(record, run, started, status, content, headers=headers)
+        return self._finish(record, run, started, status, content, headers=headers, usage=usage)
 
     def _finish(self, record: CallRecord, run: RunLedger | None, started: float, http_status: int,
                 content: bytes | Response, *, headers: dict[str, str] | None = None, error: str | None = None,
-                label: str | None = None) -> Response:
+                label: str | None = None, usage: Usage | None = None) -> Response:
         """Meter the call, record it, and answer the caller."""
         record.http_status = http_status
         record.status = label or ("ok" if http_status == 200 else "error")
@@ -275,7 +281,7 @@ class Gateway:
         else:
             response = Response(content, status_code=http_status, media_type="application/json", headers=headers)
             if http_status == 200:
-                prompt, completion, answered = _usage(content)
+                prompt, completion, answered = usage or _usage(content)
                 record.prompt_tokens, record.completion_tokens = prompt, completion
                 record.cost_usd = self._price(record, answered)
             elif error is None:
