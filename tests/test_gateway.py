@@ -243,6 +243,24 @@ def test_admin_routes_need_the_token_and_names_are_never_repointed() -> None:
         assert httpx.post(f"{gw.url}/c/guess/r/nope/s/policy/v1/chat/completions", json=chat_body("x")).status_code == 403
 
 
+def test_an_upstream_that_is_down_or_too_slow_is_a_502_or_504_and_a_model_url_takes_only_get_and_post() -> None:
+    fake = FakeUpstream(delay_s=2.0)
+    down = Upstream(name="down", base_url="http://127.0.0.1:9/v1", provider="openai_compatible")
+    with ServerThread(fake.app()) as up, GatewayThread(GatewaySettings(timeout_s=0.3),
+                                                       [upstream(up.url), down]) as gw:
+        register_run(gw, "slow")
+        register_run(gw, "dead", policy="down")
+        slow = post(f"{run_url(gw, 'slow')}/s/policy/v1", chat_body("hi"))
+        dead = post(f"{run_url(gw, 'dead')}/s/policy/v1", chat_body("hi"))
+        put = httpx.put(f"{run_url(gw, 'slow')}/s/policy/v1/chat/completions", json=chat_body("hi"))
+        rows = calls(gw, "slow") + calls(gw, "dead")
+    assert (slow.status_code, slow.json()["error"]["type"]) == (504, "upstream_timeout")
+    assert (dead.status_code, dead.json()["error"]["type"]) == (502, "upstream_unreachable")
+    assert "cannot reach down" in dead.json()["error"]["message"]
+    assert put.status_code == 405 and fake.requests == 1  # the PUT never reached the upstream
+    assert [(r["http_status"], r["status"], r["cost_usd"]) for r in rows] == [(504, "error", 0.0), (502, "error", 0.0)]
+
+
 def test_role_url_for_graders_and_simulators() -> None:
     url = "http://127.0.0.1:5/r/run1/run1-c0001-train:3/policy/v1"
     assert role_url(url, "grader") == "http://127.0.0.1:5/r/run1/run1-c0001-train:3/grader/v1"

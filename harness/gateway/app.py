@@ -23,17 +23,19 @@ import secrets
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, TypeVar
 
+import aiohttp
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from harness.body_limit import BodyLimit
 from harness.errors import first_error
-from harness.gateway.forward import CLIENT_SHARDS, CONNECTIONS_PER_SHARD, Gateway, error_response as _error
+from harness.gateway.forward import MAX_CONNECTIONS, Gateway, error_response as _error
 from harness.gateway.ledger import RunLedger
 from harness.gateway.models import (
     ROLES,
@@ -59,8 +61,35 @@ def _model(cls: type[M], payload: bytes) -> M | JSONResponse:
         return _error(422, "invalid_request", f"gateway: {cls.__name__} field {error.where or '(body)'}: {error.message}")
 
 
+class ModelCallsFirst:
+    """The attributed model route, the gateway's hot path, goes from the body limit straight
+    to its handler; every other request goes to the Starlette app. Starlette's router and
+    its two exception layers cost about as much per call as the gateway's own bookkeeping,
+    and the model handler answers every failure it knows itself (anything else reaches
+    uvicorn, which answers 500 as Starlette's error layer did)."""
+
+    def __init__(self, app: Starlette, route: Route, max_body_bytes: int):
+        self.app = app
+        self.state = app.state  # the gateway's state, as on the Starlette app
+        self.route = route
+        self.model_call = BodyLimit(self._model_call, max_bytes=max_body_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            match, child_scope = self.route.matches(scope)
+            if match is Match.FULL:
+                scope.update(child_scope)
+                await self.model_call(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _model_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.route.endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
 def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
-               upstreams: list[Upstream] | None = None) -> Starlette:
+               upstreams: list[Upstream] | None = None) -> ASGIApp:
     # without a token nobody can use the control routes (never: anybody can)
     admin = (admin_token or secrets.token_urlsafe(32)).encode()
     gateway = Gateway(settings, admin_token, list(upstreams or ()))
@@ -79,15 +108,19 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
-        limits = httpx.Limits(max_connections=CONNECTIONS_PER_SHARD, max_keepalive_connections=CONNECTIONS_PER_SHARD)
-        tls = httpx.create_ssl_context()  # loading the CA bundle takes ~50 ms: once, not per shard
-        gateway.clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls) for _ in range(CLIENT_SHARDS)]
+        # aiohttp, not httpx, upstream: its C response parser and flat pool cost a fraction
+        # of httpx's per call, the larger part of the gateway's own work. Timeouts as httpx's
+        # were: timeout_s for a free connection and for each read, connect_timeout_s to connect.
+        timeout = aiohttp.ClientTimeout(total=None, connect=settings.timeout_s,
+                                        sock_connect=settings.connect_timeout_s, sock_read=settings.timeout_s)
+        tls = httpx.create_ssl_context()  # certifi's CA bundle and SSL_CERT_FILE, as before
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, ssl=tls)
+        # the environment's proxies are resolved once per upstream URL (Gateway._url), not per call
+        gateway.http = aiohttp.ClientSession(connector=connector, timeout=timeout)
         try:
             yield
         finally:
-            for client in gateway.clients:
-                await client.aclose()
+            await gateway.http.close()
         if gateway.store is not None:
             gateway.store.close()
 
@@ -199,4 +232,4 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
     ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)])
     app.state.gateway = gateway
-    return app
+    return ModelCallsFirst(app, routes[0], settings.max_body_bytes)

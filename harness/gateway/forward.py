@@ -10,8 +10,10 @@ import os
 import time
 from typing import Any
 
-import httpx
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from starlette.requests import Request
+from yarl import URL
 from starlette.responses import JSONResponse, Response
 
 from harness.errors import FailureKind
@@ -23,10 +25,7 @@ from harness.pricing import cost_usd
 from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
 
 MODEL_ENDPOINTS = frozenset({"chat/completions", "completions", "models"})
-# httpx's pool scans every queued request against every connection on each change: cost
-# grows with the square of the calls in flight. Many small pools keep each scan short.
-CLIENT_SHARDS = 32
-CONNECTIONS_PER_SHARD = 32
+MAX_CONNECTIONS = 1024  # to all upstreams together
 THROTTLE_STATUSES = frozenset({429, 503})
 DEFAULT_OUTPUT_ESTIMATE = 1024  # tokens assumed for a call that sets no max_tokens
 REDACTED = b"[redacted]"
@@ -78,7 +77,10 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def _usage(content: bytes) -> tuple[int, int, str | None]:
+Usage = tuple[int, int, str | None]  # prompt tokens, completion tokens, the model that answered
+
+
+def _usage(content: bytes) -> Usage:
     try:
         payload = json.loads(content)
         usage = payload.get("usage") or {}
@@ -107,25 +109,26 @@ class Gateway:
                                  max_retry_after_s=settings.max_retry_after_s, long_retry_after="give_up",
                                  retry_after_jitter=0.1)
         self.ledger = Ledger()
-        self.clients: list[httpx.AsyncClient] = []
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
-        self._next_client = 0
-
-    @property
-    def http(self) -> httpx.AsyncClient:
-        self._next_client = (self._next_client + 1) % len(self.clients)
-        return self.clients[self._next_client]
+        self.http: aiohttp.ClientSession | None = None  # opened in the app's lifespan, on its loop
+        self._urls: dict[tuple[str, str], tuple[str, str | None]] = {}
 
     # ---- upstream calls ------------------------------------------------------------
 
     def _key(self, upstream: Upstream) -> str | None:
         return os.environ.get(upstream.api_key_env) if upstream.api_key_env else None
 
-    def _url(self, upstream: Upstream, endpoint: str) -> httpx.URL:
-        """Parsed once per upstream and endpoint: httpx's URL parsing is slow for a hot path."""
+    def _url(self, upstream: Upstream, endpoint: str) -> tuple[str, str | None]:
+        """(URL, proxy from the environment or None), once per upstream and endpoint: the
+        environment is read once, as an HTTP client that trusts it reads it when created,
+        not on every call."""
         key = (upstream.name, endpoint)
         if key not in self._urls:
-            self._urls[key] = httpx.URL(f"{upstream.base_url.rstrip('/')}/{endpoint}")
+            url = f"{upstream.base_url.rstrip('/')}/{endpoint}"
+            try:
+                proxy: str | None = str(get_env_proxy_for_url(URL(url))[0])
+            except LookupError:
+                proxy = None
+            self._urls[key] = url, proxy
         return self._urls[key]
 
     def _redact(self, content: bytes, upstream: Upstream) -> bytes:
@@ -133,8 +136,9 @@ class Gateway:
         return content.replace(key.encode(), REDACTED) if key and key.encode() in content else content
 
     async def _live(self, upstream: Upstream, endpoint: str, model: str, method: str, raw: bytes,
-                    estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int]:
-        """(status, body, headers for the caller, attempts). Retries only throttling
+                    estimated_tokens: int) -> tuple[int, bytes, dict[str, str], int, Usage | None]:
+        """(status, body, headers for the caller, attempts, the answer's usage when it is a
+        200: parsed once, for the limiter and the meter). Retries only throttling
         (429/503), which the caller could not do better; other failures go back at once
         to the caller's own retry policy."""
         headers = {"content-type": "application/json", **upstream.headers}
@@ -142,45 +146,49 @@ class Gateway:
             key = self._key(upstream)
             if not key:
                 message = f"gateway: environment variable {upstream.api_key_env} is not set (key for {upstream.name})"
-                return 500, json.dumps({"error": {"type": "gateway_config", "message": message}}).encode(), {}, 0
+                return 500, json.dumps({"error": {"type": "gateway_config", "message": message}}).encode(), {}, 0, None
             headers["authorization"] = f"Bearer {key}"
-        url = self._url(upstream, endpoint)
+        url, proxy = self._url(upstream, endpoint)
         limit = self.limiter.get(upstream.name, model)
+        http = self.http
+        assert http is not None, "the gateway's HTTP client opens with the app"
         attempts = 0
+        usage: Usage | None = None
 
         async def attempt() -> tuple[int, bytes, dict[str, str]]:
-            nonlocal attempts
+            nonlocal attempts, usage
             attempts += 1
             async with limit.slot(estimated_tokens) as ticket:
                 try:
-                    response = await self.http.request(method, url, content=raw if method == "POST" else None,
-                                                       headers=headers)
-                except httpx.TimeoutException:
+                    async with http.request(method, url, data=raw if method == "POST" else None, headers=headers,
+                                            proxy=proxy, allow_redirects=False) as response:
+                        status, content = response.status, await response.read()
+                        retry_after = response.headers.get("retry-after")
+                except TimeoutError:
                     message = f"gateway: {upstream.name} did not answer within {self.settings.timeout_s:g}s"
                     return 504, json.dumps({"error": {"type": "upstream_timeout", "message": message}}).encode(), {}
-                except httpx.TransportError as exc:
+                except aiohttp.ClientError as exc:
                     message = f"gateway: cannot reach {upstream.name}: {type(exc).__name__}"
                     return 502, json.dumps({"error": {"type": "upstream_unreachable", "message": message}}).encode(), {}
-                if response.status_code == 200:  # any other outcome used none of the tokens it was charged
-                    prompt, completion, _ = _usage(response.content)
-                    ticket.used = prompt + completion
-            if response.status_code in THROTTLE_STATUSES:
-                wait = retry_after_s(response.headers.get("retry-after"))
+                if status == 200:  # any other outcome used none of the tokens it was charged
+                    usage = _usage(content)
+                    ticket.used = usage[0] + usage[1]
+            if status in THROTTLE_STATUSES:
+                wait = retry_after_s(retry_after)
                 limit.on_throttle(None if self.retry.gives_up_on(wait) else wait, ticket.epoch)
-                raise AttemptFailed(f"HTTP {response.status_code}", FailureKind.RATE_LIMITED, retry_after=wait,
-                                    answer=response)
-            if response.status_code < 500:
+                passed = {"retry-after": retry_after} if retry_after is not None else {}
+                raise AttemptFailed(f"HTTP {status}", FailureKind.RATE_LIMITED, retry_after=wait,
+                                    answer=(status, content, passed))
+            if status < 500:
                 await limit.on_success()
-            return response.status_code, self._redact(response.content, upstream), {}
+            return status, self._redact(content, upstream), {}
 
         try:
             status, content, passed = await self.retry.run(attempt)
         except AttemptFailed as throttled:  # the caller sees the last throttle, with its Retry-After
-            response = throttled.answer
-            assert isinstance(response, httpx.Response)
-            passed = {"retry-after": response.headers["retry-after"]} if "retry-after" in response.headers else {}
-            status, content = response.status_code, self._redact(response.content, upstream)
-        return status, content, passed, attempts
+            status, content, passed = throttled.answer  # type: ignore[misc]
+            content = self._redact(content, upstream)
+        return status, content, passed, attempts, usage
 
     # ---- one model call ------------------------------------------------------------
 
@@ -254,16 +262,17 @@ class Gateway:
             record.cache = "replay"
             return self._finish(record, run, started, 404, error_response(404, "replay_miss", message, digest=digest),
                                 error=message, label="replay_miss")
-        status, content, headers, attempts = await self._live(upstream, endpoint, model, method, raw, estimated_tokens)
+        status, content, headers, attempts, usage = await self._live(upstream, endpoint, model, method, raw,
+                                                                     estimated_tokens)
         record.attempts = attempts
         if status == 200 and store is not None:
             await asyncio.to_thread(store.put, digest, upstream=upstream.name, endpoint=endpoint, model=model or None,
                                     body=content)
-        return self._finish(record, run, started, status, content, headers=headers)
+        return self._finish(record, run, started, status, content, headers=headers, usage=usage)
 
     def _finish(self, record: CallRecord, run: RunLedger | None, started: float, http_status: int,
                 content: bytes | Response, *, headers: dict[str, str] | None = None, error: str | None = None,
-                label: str | None = None) -> Response:
+                label: str | None = None, usage: Usage | None = None) -> Response:
         """Meter the call, record it, and answer the caller."""
         record.http_status = http_status
         record.status = label or ("ok" if http_status == 200 else "error")
@@ -272,7 +281,7 @@ class Gateway:
         else:
             response = Response(content, status_code=http_status, media_type="application/json", headers=headers)
             if http_status == 200:
-                prompt, completion, answered = _usage(content)
+                prompt, completion, answered = usage or _usage(content)
                 record.prompt_tokens, record.completion_tokens = prompt, completion
                 record.cost_usd = self._price(record, answered)
             elif error is None:

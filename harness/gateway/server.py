@@ -110,4 +110,5 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(settings, admin_token=admin_token, upstreams=upstreams)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # loopback only, behind no proxy: no X-Forwarded-* rewriting on every request
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, proxy_headers=False)
