@@ -24,7 +24,6 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator, TypeVar
 
 import aiohttp
-import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -35,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from harness.body_limit import BodyLimit
 from harness.errors import first_error
+from harness.http_pool import tls_context
 from harness.gateway.forward import MAX_CONNECTIONS, Gateway, error_response as _error
 from harness.gateway.ledger import RunLedger
 from harness.gateway.models import (
@@ -113,8 +113,8 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         # were: timeout_s for a free connection and for each read, connect_timeout_s to connect.
         timeout = aiohttp.ClientTimeout(total=None, connect=settings.timeout_s,
                                         sock_connect=settings.connect_timeout_s, sock_read=settings.timeout_s)
-        tls = httpx.create_ssl_context()  # certifi's CA bundle and SSL_CERT_FILE, as before
-        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, ssl=tls)
+        # certifi's CA bundle and SSL_CERT_FILE, as httpx verifies
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, ssl=tls_context())
         # the environment's proxies are resolved once per upstream URL (Gateway._url), not per call
         gateway.http = aiohttp.ClientSession(connector=connector, timeout=timeout)
         try:
