@@ -16,7 +16,7 @@ import pytest
 
 from servers import ServerThread
 from test_bad_input import assert_no_run_written, assert_one_error_line, harness
-from test_contract_client import HEALTH, PROGRAM, FakeContainer, ok
+from test_contract_client_faults import HEALTH, PROGRAM, FakeContainer, ok
 
 # ---------------------------------------------------------------- found while composing
 
