@@ -6,6 +6,7 @@ written through the harness's own writer with real run specs; no Ray, no model, 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.charts import build_charts
 from harness.evidence.configs import config_labels, run_config
-from benchmarks.report.style import PNG_DPI, STABLE_RC, integer_ticks, lift_limit, palette, save
+from benchmarks.report.style import STABLE_RC, integer_ticks, lift_limit, palette, save
 from conftest import container_spec, run_cli
 from faults import small_spec
 from harness.evidence.writer import EvidenceLocation
@@ -261,22 +262,37 @@ def test_every_chart_takes_one_colour_per_stack_from_one_palette(tmp_path: Path)
         assert len(drawn) >= 2, name  # the stacks really are in the legend
 
 
-def test_saving_in_one_pass_writes_the_bytes_savefig_writes(tmp_path: Path) -> None:
-    """style.save draws each format once (the canvas runs the layout); savefig's dry draw first
-    must not change a byte, for sweep charts and a single run's trace."""
+def _axes_boxes(svg: Path) -> list[tuple[float, ...]]:
+    """Each axes' clip rectangle in an SVG (x, y, width, height in points)."""
+    text = svg.read_text()
+    return [tuple(float(v) for v in m) for m in
+            re.findall(r'<clipPath id="[^"]+">\s*<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" '
+                       r'height="([\d.]+)"', text)]
+
+
+def test_saving_lays_out_once_and_regenerates_the_same_bytes(tmp_path: Path) -> None:
+    """style.save draws each format once and lays out once (the PNG's layout stays for the
+    SVG): the axes sit where savefig's own layout puts them, within two points (text is
+    measured at the PNG's dpi), and saving fresh figures again writes the very same bytes,
+    for sweep charts and a single run's trace."""
     run_dir = write_run(tmp_path / "one", spec(tmp_path), seed_solved=5, pick_solved=10)
     reports = [compute_report(str(_mixed_folder(tmp_path))), compute_report(str(run_dir))]
-    figures = {name: fig for frames in reports for name, fig in build_charts(frames).items()}
-    # fresh figures for savefig: a figure drawn once lays out a little differently the second time
-    again = {name: fig for frames in reports for name, fig in build_charts(frames).items()}
-    assert {"trace", "coverage", "same_container"} <= set(figures)
-    for name, fig in figures.items():
-        png, svg = save(fig, tmp_path / "one_pass", name)
+
+    def figures() -> dict[str, Figure]:
+        return {name: fig for frames in reports for name, fig in build_charts(frames).items()}
+
+    first, second, reference = figures(), figures(), figures()
+    assert {"trace", "coverage", "same_container"} <= set(first)
+    for name, fig in first.items():
+        png, svg = save(fig, tmp_path / "first", name)
+        again_png, again_svg = save(second[name], tmp_path / "second", name)
+        assert png.read_bytes() == again_png.read_bytes() and svg.read_bytes() == again_svg.read_bytes(), name
         with mpl.rc_context(STABLE_RC):
-            again[name].savefig(tmp_path / f"{name}.png", dpi=PNG_DPI, metadata={"Software": None})
-            again[name].savefig(tmp_path / f"{name}.svg", metadata={"Date": None, "Creator": None})
-        assert png.read_bytes() == (tmp_path / f"{name}.png").read_bytes(), name
-        assert svg.read_bytes() == (tmp_path / f"{name}.svg").read_bytes(), name
+            reference[name].savefig(tmp_path / f"{name}.svg", metadata={"Date": None, "Creator": None})
+        ours, theirs = _axes_boxes(svg), _axes_boxes(tmp_path / f"{name}.svg")
+        assert len(ours) == len(theirs) >= 1, name
+        for box, expected in zip(ours, theirs):
+            assert box == pytest.approx(expected, abs=2.0), name
 
 
 def test_count_axes_have_integer_ticks_and_lift_axes_do_not_exaggerate(tmp_path: Path) -> None:

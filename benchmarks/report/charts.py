@@ -34,13 +34,25 @@ def _band(ax: Axes, summary: pl.DataFrame, task: str) -> None:
     style.noise_band(ax, *task_noise([r for r in _rows(summary, task) if r["n_runs"] > 0]))
 
 
+MARKED_RUNS = 12  # a panel with more runs draws lines without a marker per candidate
+
+
 def _run_lines(ax: Axes, data: pl.DataFrame, colours: dict[str, str]) -> None:
-    """One step line per run, coloured by its cell; each cell named once in the legend."""
-    seen: set[str] = set()
-    for (_, label), points in data.group_by("run", "label", maintain_order=True):
-        ax.step(points["x"].to_list(), points["y"].to_list(), where="post", color=colours[str(label)],
-                alpha=0.85, linewidth=1.6, marker="o", markersize=3.5, label=None if label in seen else str(label))
-        seen.add(str(label))
+    """One step line per run, coloured by its cell. A cell's runs are one artist (runs apart
+    by a NaN break): with a hundred runs, drawing per artist, not per point, was the cost.
+    Past MARKED_RUNS runs the candidate markers only blot the lines, and cost the most."""
+    marker = "o" if data["run"].n_unique() <= MARKED_RUNS else None
+    for (label,), cell in data.group_by("label", maintain_order=True):
+        xs: list[float] = []
+        ys: list[float] = []
+        for _, points in cell.group_by("run", maintain_order=True):
+            if xs:
+                xs.append(float("nan"))
+                ys.append(float("nan"))
+            xs += points["x"].to_list()
+            ys += points["y"].to_list()
+        ax.step(xs, ys, where="post", color=colours[str(label)], alpha=0.85, linewidth=1.6, marker=marker,
+                markersize=3.5, label=str(label))
 
 
 def _curves(frames: ReportFrames, task: str, metric: str, x_name: str) -> pl.DataFrame:

@@ -130,9 +130,10 @@ def spread(n: int, width: float = 0.24) -> list[float]:
 
 
 def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
-    """The PNG and the SVG, each drawn in one pass: the canvas's own draw runs the constrained
-    layout first. ``savefig`` would draw each twice (a dry draw for the layout, then the
-    output), which was a quarter of the charts' CPU; the bytes are the same."""
+    """The PNG and the SVG, each drawn in one pass, the layout computed once: the PNG canvas's
+    draw runs the constrained layout, which then stays put for the SVG. ``savefig`` would draw
+    each format twice and lay out four times; the layout was a third of the charts' CPU.
+    Leaves the figure's layout fixed (drawn again, it keeps the positions of this save)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
     dpi = fig.get_dpi()
@@ -141,6 +142,7 @@ def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
             fig.set_dpi(PNG_DPI)
             FigureCanvasAgg(fig).print_png(png, metadata={"Software": None})
             fig.set_dpi(dpi)  # the SVG canvas draws at 72 dpi and embeds images at the figure's
+            fig.set_layout_engine("none")  # positions are figure fractions: the same at any dpi
             FigureCanvasSVG(fig).print_svg(svg, metadata={"Date": None, "Creator": None})
     finally:
         fig.set_dpi(dpi)
