@@ -1,6 +1,6 @@
 """Compare two evidence roots run by run: every Parquet table and manifest must agree,
 apart from what depends on the wall clock or the transport (schema TIMING_COLUMNS and
-TRANSPORT_COLUMNS; the manifest's timings, log paths, package versions, file checksums and
+TRANSPORT_COLUMNS; the manifest's timings, log paths, package versions, model server builds, file checksums and
 the gateway's URL, and the node a run ran on).
 
     python -m benchmarks.compare_evidence EVIDENCE_ROOT_A EVIDENCE_ROOT_B
@@ -22,7 +22,7 @@ from harness.evidence.schema import TABLES, TIMING_COLUMNS, TRANSPORT_COLUMNS
 # manifest entries that say where or when a run happened, not what it found ("files" holds
 # checksums of the tables, which carry timings: the tables are compared column by column;
 # "node" is the Ray node and its service endpoints)
-_PLACE_AND_TIME = frozenset({"timings", "logs", "versions", "files", "node"})
+_PLACE_AND_TIME = frozenset({"timings", "logs", "versions", "model_servers", "files", "node"})
 
 
 def run_dirs(root: Path) -> dict[str, Path]:

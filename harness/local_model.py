@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -306,6 +307,8 @@ class LocalModelServer:
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
         self._proc: ManagedProcess | None = None
+        self.binary: Path | None = None  # set by start()
+        self.gguf: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -337,6 +340,7 @@ class LocalModelServer:
     def start(self) -> None:
         gguf = ensure_gguf(self.settings.model, self.cache_dir)
         binary = find_llama_server(self.cache_dir)
+        self.binary, self.gguf = binary, gguf
         self._proc = ManagedProcess(
             f"llama-server[{self.model_name}]", self.command(gguf, binary),
             health_url=f"http://127.0.0.1:{self.port}/health",
@@ -348,6 +352,22 @@ class LocalModelServer:
     @property
     def log_path(self) -> Path | None:
         return self._proc.log_path if self._proc is not None else None
+
+    def build(self) -> str:
+        """Which llama-server answers: its cache folder (recipe and pinned version: builds of
+        different recipes report the same `--version`) and the version line. A different build
+        moves some answers even at temperature 0, so a run's manifest records it."""
+        if self.binary is None:
+            return "not started"
+        try:
+            out = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True, timeout=30)
+            lines = (out.stdout + out.stderr).splitlines()
+            version = next((line.strip() for line in lines if line.startswith("version:")), "version unknown")
+        except (OSError, subprocess.SubprocessError):
+            version = "version unknown"
+        root = cache_root(self.cache_dir)
+        where = self.binary.parent.parent.name if self.binary.is_relative_to(root) else str(self.binary)
+        return f"{where}, {version}"
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.alive()

@@ -244,6 +244,7 @@ async def execute_run(
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at, logs=endpoints.logs, node=_node_record(endpoints),
+               model_servers=[m.model_dump() for m in endpoints.model_servers],
                timings={**timings, "wall_s": ctx.elapsed() + timings["preflight_s"],
                         "heldout_s": ended - t_heldout})
         if status == "done" or not redo:
@@ -356,7 +357,7 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
                stop_reason: str | None, best_id: str, heldout: list[HeldoutScore], started_at: datetime,
                timings: dict[str, float], model_calls: list[dict[str, Any]] | None = None,
                gateway_summary: dict[str, Any] | None = None, logs: tuple[str, ...] = (),
-               node: dict[str, Any] | None = None) -> None:
+               node: dict[str, Any] | None = None, model_servers: list[dict[str, str]] | None = None) -> None:
     ctx.recorder.settle_costs(model_calls or [])
     evidence = ctx.evidence
     location.write_table("rollouts", sorted(evidence.rollouts, key=lambda r: r["seq"]))
@@ -368,7 +369,8 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
     manifest: dict[str, Any] = {
         "run_id": spec.run_id, "sweep": spec.sweep, "status": status, "error": error, "stop_reason": stop_reason,
         "spec": spec.model_dump(mode="json"), "identity": spec.identity(), "axes": spec.axes,
-        "versions": package_versions(), "price_table_version": PRICE_TABLE_VERSION,
+        "versions": package_versions(), "model_servers": model_servers or [],
+        "price_table_version": PRICE_TABLE_VERSION,
         "seeds": {"run": spec.seed},
         "best_candidate_id": best_id, "seed_candidate_id": ctx.seed_candidate.candidate_id,
         "heldout": [h.model_dump() for h in heldout],

@@ -51,6 +51,15 @@ class NodePlace(BaseModel):
         return f"{self.host}-{self.node_id[:8]}"
 
 
+class ModelServer(BaseModel):
+    """A model server this harness started, as a run's manifest records it."""
+
+    model_config = ConfigDict(frozen=True)
+    model: str
+    url: str
+    build: str  # e.g. `llama.cpp-<recipe>, version: ...`: another build answers differently
+
+
 class Endpoints(BaseModel):
     """Where one run's container and models answer."""
 
@@ -64,6 +73,7 @@ class Endpoints(BaseModel):
     proposer_upstream: str | None = None
     # log files of the services this run uses (listed in its manifest)
     logs: tuple[str, ...] = ()
+    model_servers: tuple[ModelServer, ...] = ()  # the ones started here (none for hosted models)
     # the gateway's admin token, for the run's control calls (driver and Ray workers only;
     # never in a container's environment, a policy block or evidence)
     gateway_token: str | None = Field(default=None, repr=False)
@@ -96,7 +106,7 @@ class Services:
         # restarts per container over this object's life: a container that keeps dying fails its runs
         self.max_restarts = max_restarts
         self._containers: dict[tuple, tuple[ManagedProcess | None, str]] = {}
-        self._models: dict[tuple, tuple[object | None, str]] = {}
+        self._models: dict[tuple, tuple[object | None, str, str]] = {}  # server, url, build
         self._restarts: dict[str, int] = {}
         self._restart_lock = threading.Lock()
         self.label = label
@@ -111,11 +121,16 @@ class Services:
     def logs_for(self, *urls: str) -> tuple[str, ...]:
         """Log files of the started services answering at `urls` (attached ones have none)."""
         found = [str(p.log_path) for p, u in self._containers.values() if p is not None and u in urls]
-        for server, url in self._models.values():
+        for server, url, _ in self._models.values():
             log_path = getattr(server, "log_path", None)
             if log_path is not None and url in urls:
                 found.append(str(log_path))
         return tuple(found)
+
+    def servers_for(self, *urls: str) -> tuple[ModelServer, ...]:
+        """The model servers started here that answer at `urls`, with their builds."""
+        return tuple(ModelServer(model=model, url=url, build=build)
+                     for (_, model), (_, url, build) in self._models.items() if url in urls)
 
     def _start_container(self, spec: ContainerSpec) -> tuple[ManagedProcess | None, str]:
         if not spec.command:
@@ -190,20 +205,21 @@ class Services:
             self._models[key] = self._start_model(spec)
         return self._models[key][1]
 
-    def _start_model(self, spec: ModelSpec) -> tuple[object, str]:
+    def _start_model(self, spec: ModelSpec) -> tuple[object, str, str]:
         if spec.provider == "local":
             from harness.local_model import LocalModelServer, LocalServerSettings
 
             settings = LocalServerSettings(model=spec.source or spec.model, **self.local_server.model_dump())
-            server = LocalModelServer(settings, log_dir=self.log_dir)
-        elif spec.provider == "scripted":
+            local = LocalModelServer(settings, log_dir=self.log_dir)
+            local.start()
+            return local, local.base_url, local.build()
+        if spec.provider == "scripted":
             from harness.scripted_server import ScriptedModelServer
 
-            server = ScriptedModelServer(script=spec.source or "rules", log_dir=self.log_dir)
-        else:
-            raise ConfigError(f"unknown model provider {spec.provider!r}")
-        server.start()
-        return server, server.base_url
+            scripted = ScriptedModelServer(script=spec.source or "rules", log_dir=self.log_dir)
+            scripted.start()
+            return scripted, scripted.base_url, f"harness.scripted_server, script {scripted.script}"
+        raise ConfigError(f"unknown model provider {spec.provider!r}")
 
     def endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
         if self.gateway is not None:
@@ -212,7 +228,8 @@ class Services:
             # a container we start calls the policy itself: hand it the name of the policy's key variable
             container = container.model_copy(update={"policy_key_env": policy.api_key_env})
         urls = (self.container_url(container), self.model_url(policy), self.model_url(proposer))
-        return Endpoints(container_url=urls[0], policy_url=urls[1], proposer_url=urls[2], logs=self.logs_for(*urls))
+        return Endpoints(container_url=urls[0], policy_url=urls[1], proposer_url=urls[2], logs=self.logs_for(*urls),
+                         model_servers=self.servers_for(*urls))
 
     def _gateway_endpoints(self, container: ContainerSpec, policy: ModelSpec, proposer: ModelSpec) -> Endpoints:
         """Every model call through the gateway, which holds the keys: the container gets
@@ -220,18 +237,19 @@ class Services:
         assert self.gateway is not None
         self.gateway.spawn()
         container_url = self.container_url(container)
-        policy_upstream, policy_url = self.gateway.route(policy, self.model_url(policy))
-        proposer_upstream, proposer_url = self.gateway.route(proposer, self.model_url(proposer))
+        model_urls = (self.model_url(policy), self.model_url(proposer))
+        policy_upstream, policy_url = self.gateway.route(policy, model_urls[0])
+        proposer_upstream, proposer_url = self.gateway.route(proposer, model_urls[1])
         return Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url,
                          gateway_url=self.gateway.url, policy_upstream=policy_upstream,
                          proposer_upstream=proposer_upstream, gateway_token=self.gateway.admin_token,
-                         logs=self.logs_for(container_url, policy_upstream, proposer_upstream))
+                         logs=self.logs_for(container_url, *model_urls), model_servers=self.servers_for(*model_urls))
 
     def close(self) -> None:
         for process, _ in self._containers.values():
             if process is not None:
                 process.stop()
-        for server, _ in self._models.values():
+        for server, _, _ in self._models.values():
             stop = getattr(server, "stop", None)
             if stop is not None:
                 stop()

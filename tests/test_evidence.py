@@ -158,6 +158,10 @@ def test_no_secret_in_any_file_a_run_writes(tmp_path, data_dir, monkeypatch) -> 
     (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
     ev = read_evidence(run_dir)
     assert set(ev["rollouts"]["status"]) == {"ok"} and ev["manifest"]["status"] == "done"
+    # the one model server the harness started (the scripted proposer; the hosted policy is not
+    # ours) with its build, behind the gateway
+    (server,) = ev["manifest"]["model_servers"]
+    assert server["build"].startswith("harness.scripted_server, script ") and server["url"].startswith("http://127.")
     written = [p for p in evidence.rglob("*") if p.is_file()]
     # logs that stayed empty are removed; those the manifest lists are among the files scanned
     assert any(p.suffix == ".parquet" for p in written)

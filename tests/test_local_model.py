@@ -187,7 +187,10 @@ def test_real_llama_server_completes_with_small_model() -> None:
 
     with LocalModelServer(settings) as server:
         result = asyncio.run(ask(server.base_url, server.model_name))
+        build = server.build()
     assert result.text.strip()
+    # the cache folder names the recipe (builds of two recipes print the same --version)
+    assert build.startswith(("llama.cpp-", "/")) and ", version: " in build, build
     assert result.prompt_tokens > 0 and result.completion_tokens > 0
     assert not server.alive()
 
