@@ -215,8 +215,9 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
         return JSONResponse({"status": "ok", "cache": settings.cache, "upstreams": sorted(gateway.upstreams)})
 
     model_methods = ["GET", "POST"]
+    model_calls = Route("/c/{token}/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", attributed, methods=model_methods)
     routes = [
-        Route("/c/{token}/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", attributed, methods=model_methods),
+        model_calls,
         Route("/r/{run_id}/{scope}/{role}/v1/{endpoint:path}", untokened, methods=model_methods),
         Route("/u/{upstream}/v1/{endpoint:path}", admin_only(unattributed), methods=model_methods),
         Route("/admin/upstreams", admin_only(add_upstream), methods=["POST"]),
@@ -232,4 +233,4 @@ def create_app(settings: GatewaySettings, *, admin_token: str | None = None,
     ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)])
     app.state.gateway = gateway
-    return ModelCallsFirst(app, routes[0], settings.max_body_bytes)
+    return ModelCallsFirst(app, model_calls, settings.max_body_bytes)

@@ -8,12 +8,12 @@ import asyncio
 import json
 import os
 import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
 from starlette.requests import Request
-from yarl import URL
 from starlette.responses import JSONResponse, Response
 
 from harness.errors import FailureKind
@@ -120,14 +120,14 @@ class Gateway:
     def _url(self, upstream: Upstream, endpoint: str) -> tuple[str, str | None]:
         """(URL, proxy from the environment or None), once per upstream and endpoint: the
         environment is read once, as an HTTP client that trusts it reads it when created,
-        not on every call."""
+        not on every call. The standard library's reading of HTTP(S)_PROXY and NO_PROXY;
+        aiohttp's own (`trust_env`) would also send ~/.netrc credentials upstream."""
         key = (upstream.name, endpoint)
         if key not in self._urls:
             url = f"{upstream.base_url.rstrip('/')}/{endpoint}"
-            try:
-                proxy: str | None = str(get_env_proxy_for_url(URL(url))[0])
-            except LookupError:
-                proxy = None
+            parts = urllib.parse.urlsplit(url)
+            bypass = urllib.request.proxy_bypass_environment(parts.hostname or "")
+            proxy = None if bypass else urllib.request.getproxies_environment().get(parts.scheme)
             self._urls[key] = url, proxy
         return self._urls[key]
 
