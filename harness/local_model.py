@@ -360,13 +360,14 @@ class LocalModelServer:
         if self.binary is None:
             return "not started"
         try:
-            out = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True, timeout=30)
+            out = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True, errors="replace",
+                                 timeout=30)
             lines = (out.stdout + out.stderr).splitlines()
             version = next((line.strip() for line in lines if line.startswith("version:")), "version unknown")
         except (OSError, subprocess.SubprocessError):
             version = "version unknown"
         root = cache_root(self.cache_dir)
-        where = self.binary.parent.parent.name if self.binary.is_relative_to(root) else str(self.binary)
+        where = self.binary.relative_to(root).parts[0] if self.binary.is_relative_to(root) else str(self.binary)
         return f"{where}, {version}"
 
     def alive(self) -> bool:

@@ -34,7 +34,6 @@ from faults import (
     chaos_spec,
     check_rows_exactly_once,
     container_log,
-    count_kinds,
     injected_faults,
     run_on,
     small_spec,

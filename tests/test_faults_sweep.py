@@ -32,7 +32,6 @@ from harness.sweep.store import SweepStore
 from test_sweep_ray import (
     SweepProcess,
     check_evidence_complete,
-    descendants,
     index_rows,
     kill_all,
     manifests,

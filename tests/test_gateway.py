@@ -303,18 +303,19 @@ def test_store_is_safe_under_concurrent_writer_processes(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("bypassed", [False, True])
 def test_the_environment_proxy_is_honoured_and_no_proxy_bypasses_it(monkeypatch, bypassed: bool) -> None:
-    """HTTP_PROXY reaches an upstream only the proxy can reach; a host in NO_PROXY is called
-    directly (here: unresolvable, a 502). Loopback is in NO_PROXY, so the test talks to the
-    gateway directly."""
+    """With HTTP_PROXY set, the gateway calls an upstream through the proxy; a host in
+    NO_PROXY it calls directly. The test's own client reaches the gateway on 127.0.0.1,
+    which NO_PROXY always lists; the upstream is named `localhost`."""
     for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    fake = FakeUpstream()
-    with ServerThread(fake.app()) as proxy:
+    via_proxy, direct = FakeUpstream(), FakeUpstream()
+    with ServerThread(via_proxy.app()) as proxy, ServerThread(direct.app()) as up:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost" + (",upstream.invalid" if bypassed else ""))
-        behind = Upstream(name="fake", base_url="http://upstream.invalid/v1", provider="openai_compatible")
-        with GatewayThread(GatewaySettings(timeout_s=5.0, max_attempts=1), [behind]) as gw:
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1" + (",localhost" if bypassed else ""))
+        named = Upstream(name="fake", base_url=f"http://localhost:{up.port}/v1", provider="openai_compatible")
+        with GatewayThread(GatewaySettings(), [named]) as gw:
             register_run(gw, "proxied")
             answer = post(f"{run_url(gw, 'proxied')}/proxied-c0000-train:0/policy/v1", chat_body("hello"))
-    assert (answer.status_code, fake.completions) == ((502, 0) if bypassed else (200, 1)), answer.text
+    assert answer.status_code == 200, answer.text
+    assert (via_proxy.completions, direct.completions) == ((0, 1) if bypassed else (1, 0))

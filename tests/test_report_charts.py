@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
+import numpy as np
 import polars as pl
 import pytest
 from matplotlib.colors import to_hex
@@ -18,7 +19,7 @@ from matplotlib.figure import Figure
 
 from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
-from benchmarks.report.charts import build_charts
+from benchmarks.report.charts import MARKED_RUNS, build_charts
 from harness.evidence.configs import config_labels, run_config
 from benchmarks.report.style import STABLE_RC, integer_ticks, lift_limit, palette, save
 from conftest import container_spec, run_cli
@@ -260,6 +261,24 @@ def test_every_chart_takes_one_colour_per_stack_from_one_palette(tmp_path: Path)
         drawn = {label: colour for label, colour in legend_colours(fig).items() if label in colours}
         assert drawn == {label: colours[label] for label in drawn}, name
         assert len(drawn) >= 2, name  # the stacks really are in the legend
+
+
+def test_a_cell_is_one_line_and_markers_go_past_a_dozen_runs(tmp_path: Path) -> None:
+    """Each cell's runs are one step line (NaN breaks between runs); with more than
+    MARKED_RUNS runs in a panel the per-candidate markers are left out."""
+    few = compute_report(str(_mixed_folder(tmp_path)))
+    root = tmp_path / "many"
+    for seed in range(MARKED_RUNS + 1):
+        write_run(root, spec(tmp_path, seed=seed), seed_solved=5, pick_solved=6 + seed % 5)
+    many = compute_report(str(root / "local"))
+    for frames, marker in ((few, "o"), (many, "None")):
+        ax = next(a for a in build_charts(frames)["coverage"].axes if a.get_visible())
+        lines = [line for line in ax.get_lines() if line.get_label() in set(frames.summary["label"])]
+        assert len(lines) == len({line.get_label() for line in lines}) >= 1  # one line per cell
+        assert {line.get_marker() for line in lines} == {marker}
+    (line,) = [line for line in next(a for a in build_charts(many)["coverage"].axes if a.get_visible()).get_lines()
+               if line.get_label() in set(many.summary["label"])]
+    assert int(np.isnan(np.asarray(line.get_ydata(), dtype=float)).sum()) == MARKED_RUNS  # a break between runs
 
 
 def _axes_boxes(svg: Path) -> list[tuple[float, ...]]:

@@ -7,7 +7,6 @@ import asyncio
 import email.utils
 from collections.abc import Callable
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -37,7 +37,7 @@ from algorithms.gepa.reflect import EditSettings, apply
 from harness.llm import ChatResult
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from benchmarks.containers.chaos import Chaos, FaultPlan
-from conftest import REPO, container_spec, run_cli, scripted_spec
+from conftest import REPO, container_spec, run_cli
 from servers import ScriptedModelThread, ServerThread
 from faults import assert_no_secret, check_rows_exactly_once, chaos_spec, run_on, small_spec
 from harness.candidates import digest_of

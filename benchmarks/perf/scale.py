@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> Path:
               f"{r['rollouts_per_s']:>7.1f} {ratio:>5} {r['wall_s']:>6.1f} {r['rollouts_per_s_end_to_end']:>6.1f} "
               f"{r['startup_s']:>7.1f} {r['driver_peak_rss_mib']:>10.0f} {r['driver_peak_rss_runs_mib']:>9.0f} "
               f"{r['ray_workers_peak_rss_mib']:>11.0f}")
-    print(f"\nCPU seconds over the runs span by part (harness = driver + run actors + other harness actors; "
-          f"the machine may be shared: other processes are not counted)")
+    print("\nCPU seconds over the runs span by part (harness = driver + run actors + other harness actors; "
+          "the machine may be shared: other processes are not counted)")
     print(f"{'runs':>5} {'driver':>7} {'runs':>6} {'actors':>6} {'contnr':>6} {'gatewy':>6} {'model':>6} {'ray':>6} "
           f"{'harness':>7} {'rows/harness CPU s':>18} {'rows/CPU s':>10}")
     for r in results:

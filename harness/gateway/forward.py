@@ -121,7 +121,8 @@ class Gateway:
         """(URL, proxy from the environment or None), once per upstream and endpoint: the
         environment is read once, as an HTTP client that trusts it reads it when created,
         not on every call. The standard library's reading of HTTP(S)_PROXY and NO_PROXY;
-        aiohttp's own (`trust_env`) would also send ~/.netrc credentials upstream."""
+        aiohttp's own (`trust_env`) would also send ~/.netrc credentials upstream. A proxy
+        URL's own `user:password@` is used as the proxy's credentials."""
         key = (upstream.name, endpoint)
         if key not in self._urls:
             url = f"{upstream.base_url.rstrip('/')}/{endpoint}"

@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType  # noqa: E402
+from mlflow.entities import Metric, Param, RunStatus, ViewType  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH  # noqa: E402
 from pydantic import BaseModel, ConfigDict
