@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from benchmarks.quality.__main__ import main
-from benchmarks.quality.table import bootstrap_ci, runs, summary
+from benchmarks.quality.table import bootstrap_ci, pick_changes, runs, summary
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,10 @@ def test_quick_benchmark_writes_the_table_from_the_evidence(quick: Path) -> None
     assert 0 < gepa["rollouts"] <= 60
     table = (quick / "summary.md").read_text()
     assert "| heart_disease | gepa | 1 | s0: " in table and "scripted-rules" in table
+    # what the pick changed, per optimizing run (the control arm has none to show)
+    assert "## What each run's pick changed" in table
+    note = next(line for line in table.splitlines() if line.startswith("- heart_disease / gepa / seed 0: pick "))
+    assert f"`{gepa['pick_id']}`, lift {gepa['lift']:+.3f}" in note and "seed_only / seed" not in table
     # regenerating from the evidence alone gives the same table
     assert main(["--report-only", "--quick", "--out", str(quick)]) == 0
     assert (quick / "summary.md").read_text() == table
@@ -60,3 +64,15 @@ def test_bootstrap_interval_over_seeds() -> None:
     lo, hi = bootstrap_ci([0.1, 0.2, 0.3])
     assert 0.1 <= lo < 0.2 < hi <= 0.3
     assert bootstrap_ci([0.1, 0.2, 0.3]) == (lo, hi)  # a fixed resample plan
+
+
+def test_pick_changes_are_the_lines_added_and_dropped_per_module(tmp_path: Path) -> None:
+    seed = {"system": "Classify the message.\nReply with the label only.", "user": "{query}"}
+    pick = {"system": "Classify the message.\n\nRules learned from mistakes:\n- If it is about a card, answer `card`.",
+            "user": "{query}"}
+    pl.DataFrame({"candidate_id": ["c0000", "c0003"],
+                  "modules_json": [json.dumps(seed), json.dumps(pick)]}).write_parquet(tmp_path / "candidates.parquet")
+    assert pick_changes(tmp_path, "c0000", "c0003") == [
+        "system: - Reply with the label only.", "system: + Rules learned from mistakes:",
+        "system: + - If it is about a card, answer `card`."]
+    assert pick_changes(tmp_path, "c0000", "c0000") == []  # a run that kept its seed

@@ -7,6 +7,7 @@ never a zero."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,25 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     }
 
 
+SHOWN_LINES = 12  # of a pick's changed lines, in the table's notes
+
+
+def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> list[str]:
+    """The lines the run's pick adds (+) or drops (-) against the seed prompt, per module."""
+    path = run_dir / "candidates.parquet"
+    if seed_id is None or pick_id is None or seed_id == pick_id or not path.exists():
+        return []
+    texts = {row["candidate_id"]: json.loads(row["modules_json"]) for row in
+             pl.read_parquet(path, columns=["candidate_id", "modules_json"]).iter_rows(named=True)}
+    seed, pick = texts.get(seed_id, {}), texts.get(pick_id, {})
+    changed = []
+    for module in sorted(set(seed) | set(pick)):
+        diff = difflib.ndiff(seed.get(module, "").splitlines(), pick.get(module, "").splitlines())
+        changed += [f"{module}: {line[:2]}{line[2:].strip()}" for line in diff
+                    if line[:2] in ("+ ", "- ") and line[2:].strip()]
+    return changed
+
+
 def runs(sweep_dir: Path) -> pl.DataFrame:
     rows = [run_row(p.parent) for p in sorted(sweep_dir.glob("*/manifest.json"))]
     schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "wall_s", "optimize_s")} | {
@@ -90,7 +110,23 @@ def summary(per_run: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(out, infer_schema_length=None).sort("task", "arm") if out else pl.DataFrame()
 
 
-def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str) -> str:
+def pick_notes(sweep_dir: Path, per_run: pl.DataFrame) -> list[str]:
+    """Per finished optimizing run: what its pick changed in the seed prompt."""
+    notes = []
+    for row in per_run.filter((pl.col("arm") != "seed_only") & pl.col("lift").is_not_null()).iter_rows(named=True):
+        run_dir = sweep_dir / row["run_id"]
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        changes = pick_changes(run_dir, manifest.get("seed_candidate_id"), row["pick_id"])
+        head = f"- {row['task']} / {row['arm']} / seed {row['seed']}: pick `{row['pick_id']}`, lift {row['lift']:+.3f}"
+        if not changes:
+            notes.append(head + ": the seed prompt itself")
+            continue
+        more = f" ({len(changes) - SHOWN_LINES} more lines changed)" if len(changes) > SHOWN_LINES else ""
+        notes += [head + more] + [f"  - `{line[:160]}`" for line in changes[:SHOWN_LINES]]
+    return notes
+
+
+def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list[str] | None = None) -> str:
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
@@ -109,6 +145,9 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str) -> str:
         lines.append(f"| {row['task']} | {row['arm']} | {row['seeds_done']}{note} | {row['lifts'] or '-'} | {ci} | "
                      f"{num(row['seed_heldout_mean'], '.3f')} -> {num(row['pick_heldout_mean'], '.3f')} | "
                      f"{num(row['heldout_rows'], 'd')} | {num(row['rollouts_mean'], '.0f')} | {num(wall, '.1f')} |")
+    if notes:
+        lines += ["", "## What each run's pick changed", "",
+                  "Lines the pick adds (`+`) to the seed prompt or drops (`-`) from it.", "", *notes]
     return "\n".join(lines) + "\n"
 
 
@@ -119,5 +158,6 @@ def write(sweep_dir: Path, out_dir: Path, title: str) -> pl.DataFrame:
     per_run.write_parquet(out_dir / "runs.parquet")
     if cells.height:
         cells.write_parquet(out_dir / "summary.parquet")
-    (out_dir / "summary.md").write_text(markdown(per_run, cells, title) if cells.height else f"# {title}\n\nno runs yet\n")
+    text = markdown(per_run, cells, title, pick_notes(sweep_dir, per_run)) if cells.height else f"# {title}\n\nno runs yet\n"
+    (out_dir / "summary.md").write_text(text)
     return cells
