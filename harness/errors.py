@@ -3,6 +3,8 @@ the one reading of a pydantic error for such a line."""
 
 from __future__ import annotations
 
+import re
+
 from enum import Enum
 from typing import NamedTuple
 
@@ -75,6 +77,16 @@ def redact(text: str, *secrets: str | None) -> str:
         if secret:
             text = text.replace(secret, REDACTED)
     return text
+
+
+# a gateway capability URL (/c/<token>/r/<run>/...): the token is the run's key to the gateway
+_CAPABILITY = re.compile(r"/c/[^/\s]+/r/")
+
+
+def hide_capabilities(text: str) -> str:
+    """`text` with the token of every gateway capability URL in it replaced: error text
+    (a timeout names the URL it called) reaches logs and evidence."""
+    return _CAPABILITY.sub(f"/c/{REDACTED}/r/", text) if "/c/" in text else text
 
 
 def classify_status(status_code: int) -> FailureKind:

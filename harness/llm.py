@@ -15,7 +15,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from harness.api_key import bearer_headers, read_key
-from harness.errors import FailureKind, ServiceError, redact
+from harness.errors import FailureKind, ServiceError, hide_capabilities, redact
 from harness.http_pool import ClientPerCall
 from harness.retry import AttemptFailed, RetryPolicy
 
@@ -99,6 +99,7 @@ class ChatClient:
         """POST a chat completion under the retry policy; `parse` reads a 200 answer (given
         its latency) and raises a ServiceError for a garbled one, which is tried again."""
         url = f"{self.base_url}/chat/completions"
+        shown = hide_capabilities(url)  # for error text
         key = self._key()
         headers = bearer_headers(key)
 
@@ -107,11 +108,12 @@ class ChatClient:
             try:
                 response = await self._send(url, body, headers)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
-                raise AttemptFailed(f"{type(exc).__name__} calling {url}", FailureKind.TRANSIENT) from exc
+                raise AttemptFailed(f"{type(exc).__name__} calling {shown}", FailureKind.TRANSIENT) from exc
             if response.status_code != 200:
                 # an endpoint that echoes the request must not put the key into an error
                 raise AttemptFailed.from_response(
-                    f"HTTP {response.status_code} from {url}: {redact(response.text[:200], key)}", response)
+                    f"HTTP {response.status_code} from {shown}: {hide_capabilities(redact(response.text[:200], key))}",
+                    response)
             try:
                 return parse(response, time.perf_counter() - started)
             except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
@@ -137,7 +139,8 @@ class ChatClient:
             usage = payload.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ServiceError(
-                f"malformed completion from {self.base_url}: {type(exc).__name__}", FailureKind.TRANSIENT
+                f"malformed completion from {hide_capabilities(self.base_url)}: {type(exc).__name__}",
+                FailureKind.TRANSIENT
             ) from exc
         return ChatResult(
             text=text,

@@ -19,7 +19,7 @@ from harness.checkpoint import CheckpointStore, RunCheckpoint, merge_gateway_sum
 from harness.client import ContainerClient, Gate
 from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
-from harness.errors import HarnessError, PreflightError, Unreachable
+from harness.errors import HarnessError, PreflightError, Unreachable, hide_capabilities
 from harness.evidence.recorder import model_call_rows
 from harness.evidence.writer import EvidenceLocation
 from harness.gateway.session import GatewaySession
@@ -241,6 +241,7 @@ async def execute_run(
                 status, error = "failed", f"model calls not recorded: {exc}"
             ctx.event("error", f"model calls not recorded: {exc}")
         ended = time.monotonic()
+        error = hide_capabilities(error) if error else error  # it goes to the manifest and the log
         _write(location, ctx, spec, model_calls=model_calls, gateway_summary=gateway_summary, status=status,
                error=error, stop_reason=stop_reason, best_id=best_id,
                heldout=heldout, started_at=started_at, logs=endpoints.logs, node=_node_record(endpoints),

@@ -27,6 +27,8 @@ def arrow_type(annotation: Any) -> pa.DataType:
     if origin in (typing.Union, types.UnionType):
         assert len(args) == 1, annotation
         return arrow_type(args[0])
+    if origin is typing.Annotated:  # a checked or cleaned type (ErrorText): its base type
+        return arrow_type(args[0])
     if origin is typing.Literal:
         return ARROW_OF[type(args[0])]
     if origin is list:

@@ -4,9 +4,14 @@ schema does not have, or a value of the wrong type, is refused when it is made."
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from harness.errors import hide_capabilities
+
+# error text a container or a model endpoint wrote may name a gateway capability URL
+ErrorText = Annotated[str, AfterValidator(hide_capabilities)]
 
 
 class Row(BaseModel):
@@ -24,7 +29,7 @@ class RolloutRow(Row):
     reward: float | None
     status: Literal["ok", "error", "refused"]  # refused: never ran (budget); reward is null unless ok
     container_status: str | None = None
-    error: str | None
+    error: ErrorText | None
     error_kind: str | None
     prompt_tokens: int
     completion_tokens: int
@@ -70,7 +75,7 @@ class ProposalRow(Row):
     completion_tokens: int | None = None
     cost_usd: float | None = None
     latency_s: float | None = None
-    error: str | None = None
+    error: ErrorText | None = None
     proposer_prompt: str | None = None
     proposer_replies: list[str] | None = None
     screened_out_json: str | None = None
@@ -84,7 +89,7 @@ class EventRow(Row):
     seq: int
     elapsed_s: float
     kind: str
-    message: str
+    message: ErrorText
     data_json: str
 
 
@@ -108,7 +113,7 @@ class ModelCallRow(Row):
     attempts: int
     prompt_check: bool | None
     digest: str | None
-    error: str | None
+    error: ErrorText | None
 
 
 ROW_MODELS: dict[str, type[Row]] = {
