@@ -122,7 +122,7 @@ def pick_notes(sweep_dir: Path, per_run: pl.DataFrame) -> list[str]:
             notes.append(head + ": the seed prompt itself")
             continue
         more = f" ({len(changes) - SHOWN_LINES} more lines changed)" if len(changes) > SHOWN_LINES else ""
-        notes += [head + more] + [f"  - `{line[:160]}`" for line in changes[:SHOWN_LINES]]
+        notes += [head + more] + [f"  - `` {line[:160]} ``" for line in changes[:SHOWN_LINES]]  # lines hold backticks
     return notes
 
 
