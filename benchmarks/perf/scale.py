@@ -142,8 +142,14 @@ class MemorySampler(threading.Thread):
             if cmdline.startswith(b"ray::"):
                 workers += _kib(pid, "VmRSS") or 0
             cpu = _cpu_s(pid)
-            if cpu is not None:  # a Ray worker takes its actor's name after it starts: the latest name counts
-                self._cpu[pid], self.parts[pid] = cpu, _part(pid, self.pid, cmdline)
+            if cpu is None:
+                continue
+            self._cpu[pid] = cpu
+            # A Ray worker takes its actor's name after it starts, so a named part wins over
+            # "ray"; an exited, unreaped process reads an empty command line and keeps its part.
+            part = _part(pid, self.pid, cmdline) if cmdline else "ray"
+            if part != "ray" or pid not in self.parts:
+                self.parts[pid] = part
         self.workers_kib = max(self.workers_kib, workers)
         self.cpu_history.append((time.time(), dict(self._cpu)))
 
