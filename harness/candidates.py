@@ -47,6 +47,8 @@ class RolloutResult(BaseModel):
     inputs: str | None = None
     # where the feedback came from: actionable_side_info, reward_info.details, summary, trace
     feedback_source: str | None = None
+    # answer -> inputs the container vouches have that answer (the ones its feedback cites)
+    answer_examples: dict[str, tuple[str, ...]] | None = None
 
 
 def mean_reward(results: list[RolloutResult]) -> float | None:

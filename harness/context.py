@@ -113,7 +113,8 @@ class RunContext:
                 candidate_id=rollout.candidate_id, task_id=rollout.task_id, reward=rollout.reward,
                 status=rollout.status, error=rollout.error, feedback=rollout.feedback or "",
                 output=rollout.output or "", task=self._rows.get(rollout.task_id), inputs=rollout.inputs,
-                feedback_source=rollout.feedback_source)
+                feedback_source=rollout.feedback_source,
+                answer_examples=json.loads(rollout.answer_examples_json) if rollout.answer_examples_json else None)
 
     # ---- time and budget -------------------------------------------------------
 
@@ -276,10 +277,13 @@ class RunContext:
             container_status=outcome.container_status, error=outcome.error, error_kind=outcome.error_kind,
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, latency_s=latency,
             elapsed_s=self.elapsed(), output=outcome.output, feedback=outcome.feedback,
-            feedback_source=outcome.feedback_source, inputs=outcome.inputs)
+            feedback_source=outcome.feedback_source, inputs=outcome.inputs,
+            answer_examples_json=json.dumps(outcome.answer_examples, ensure_ascii=False, sort_keys=True)
+            if outcome.answer_examples else None)
         return RolloutResult(candidate_id=candidate.candidate_id, task_id=task_id, reward=outcome.reward,
                              status=status, error=outcome.error, feedback=outcome.feedback, output=outcome.output,
-                             task=row, inputs=outcome.inputs, feedback_source=outcome.feedback_source)
+                             task=row, inputs=outcome.inputs, feedback_source=outcome.feedback_source,
+                             answer_examples=outcome.answer_examples)
 
     def restarted_before_start(self, error: str) -> None:
         """Preflight found the container dead and restarted it: that was this run's restart."""

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CONTRACT_VERSION = "gepa_task.v1"
 GEPA_OPTIMIZER_CONTRACT = "synth_optimizers.gepa.v2"
@@ -236,6 +236,19 @@ class SideInfo(_Open):
     feedback: str | None = None
     # the text the policy saw for this row, for the proposer's reflection
     inputs: str | None = None
+    # answer -> inputs the container vouches have that answer (those its feedback cites), so
+    # an optimizer can tell a learned line that pairs an answer with another answer's inputs
+    answer_examples: dict[str, list[str]] | None = None
+
+    @field_validator("answer_examples", mode="before")
+    @classmethod
+    def _examples_or_none(cls, value: Any) -> Any:
+        # optional and advisory: a malformed value is ignored, never an error row
+        if not isinstance(value, dict):
+            return None
+        kept = {k: [t for t in v if isinstance(t, str) and t.strip()] for k, v in value.items()
+                if isinstance(k, str) and isinstance(v, list)}
+        return {k: v for k, v in kept.items() if v} or None
 
 
 _EXPECTED_KEYS = ("expected", "expected_answer", "gold", "label", "target", "answer")
@@ -333,6 +346,10 @@ class RolloutResponse(_Open):
     @property
     def feedback(self) -> str:
         return self.feedback_and_source()[0]
+
+    @property
+    def answer_examples(self) -> dict[str, list[str]] | None:
+        return self.actionable_side_info.answer_examples if self.actionable_side_info else None
 
     @property
     def inputs(self) -> str | None:

@@ -18,6 +18,7 @@ class RolloutOutcome:
     feedback: str = ""
     feedback_source: str | None = None  # actionable_side_info, reward_info.details, summary, trace
     inputs: str | None = None
+    answer_examples: dict[str, list[str]] | None = None  # answer -> inputs the container vouches for
 
 
 def judge(response: RolloutResponse) -> RolloutOutcome:
@@ -26,7 +27,8 @@ def judge(response: RolloutResponse) -> RolloutOutcome:
     reward = response.resolved_reward()
     feedback, source = response.feedback_and_source()
     outcome = RolloutOutcome(container_status=response.status, output=response.output_text, feedback=feedback,
-                             feedback_source=source, inputs=response.inputs)
+                             feedback_source=source, inputs=response.inputs,
+                             answer_examples=response.answer_examples)
     if response.status_ok and reward is not None:
         outcome.reward = reward
         return outcome

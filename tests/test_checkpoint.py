@@ -73,6 +73,8 @@ def test_a_run_killed_during_heldout_resumes_from_its_checkpoint(tmp_path, data_
     assert kept.height == len(carried)
     for row in kept.iter_rows(named=True):
         assert row["latency_s"] == carried[row["rollout_id"]]["latency_s"]
+        assert row["answer_examples_json"] == carried[row["rollout_id"]]["answer_examples_json"]
+    assert kept["answer_examples_json"].null_count() == 0  # Banking77 cites each row's message
     # optimization happened once: its rollouts are all from the checkpoint
     optimization = rollouts.filter(pl.col("stage") != "heldout")
     assert set(optimization["rollout_id"]) <= set(carried)

@@ -322,6 +322,12 @@ def test_rollout_scores_with_policy_model(banking: Banking77, fake_model: FakeMo
     assert sent["authorization"] == "Bearer pk-abc"
     assert sent["body"]["temperature"] == 0.3 and sent["body"]["max_tokens"] == 12 and sent["body"]["seed"] == 7
     assert miss["reward_info"]["outcome_reward"] == 0.0 and "Wrong: expected intent" in miss["actionable_side_info"]["feedback"]
+    # the inputs the feedback cites, by answer: the row under its own label, each intent's examples under it
+    row = banking.task(wrong)
+    assert ok.answer_examples == {"card_arrival": [banking.task(right)["text"]]}
+    assert miss["actionable_side_info"]["answer_examples"] == {
+        row["label"]: [row["text"], *banking.examples(row["label"])], "card_arrival": banking.examples("card_arrival")}
+    assert all(f'"{text}"' in miss["actionable_side_info"]["feedback"] for text in banking.examples("card_arrival"))
     assert unknown.status_code == 404 and "train:99999" in unknown.json()["detail"]
 
 

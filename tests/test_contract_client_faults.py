@@ -222,6 +222,21 @@ def test_reward_fallbacks_in_order(fake: tuple[FakeContainer, str], fields: dict
     assert rollout_of(url).resolved_reward() == expected
 
 
+@pytest.mark.parametrize("sent, kept", [
+    ({"a": ["x y z", ""], "b": ["w"]}, {"a": ["x y z"], "b": ["w"]}),
+    ({"a": "x y z", "b": [1, None]}, None),  # no list of strings anywhere: nothing
+    (["a", "x"], None),
+    (None, None),
+])
+def test_answer_examples_are_optional_and_a_malformed_value_is_ignored(fake: tuple[FakeContainer, str],
+                                                                       sent: Any, kept: Any) -> None:
+    server, url = fake
+    server.plans["/rollout"] = [echo(status="ok", reward_info={"outcome_reward": 0.0},
+                                     actionable_side_info={"feedback": "no", "answer_examples": sent})]
+    response = rollout_of(url)
+    assert response.resolved_reward() == 0.0 and response.answer_examples == kept
+
+
 def test_unknown_extra_fields_are_accepted(fake: tuple[FakeContainer, str]) -> None:
     server, url = fake
     server.plans["/health"] = [ok({**HEALTH, "uptime_s": 12, "build": {"sha": "abc"}})]

@@ -286,3 +286,33 @@ def test_lines_conditioned_on_the_feedback_or_saying_nothing_are_junk() -> None:
     assert LearnedModule.parse(proposal.text).lines("answer_guide") == (
         "- card_arrival: the customer asks where the ordered card is",)
     assert proposal.dropped == {"junk": 1}
+
+
+def test_a_line_quoting_inputs_cited_for_another_answer_is_dropped() -> None:
+    """Seen with the local 1.5B proposer: an answer guide line pairs the expected intent with
+    the example messages the feedback gave for the intent the policy answered."""
+    shown = [failure("card_arrival", "exchange_rate", inputs="Where is my new card?"),
+             failure("card_delivery_estimate", "top_up_failed", inputs="When will the card get here")]
+    shown[0] = shown[0].model_copy(update={"answer_examples": {
+        "card_arrival": ("Where is my new card?", "My card has not arrived yet"), "exchange_rate": ("What rate do you use",)}})
+    shown[1] = shown[1].model_copy(update={"answer_examples": {
+        "card_delivery_estimate": ("When will the card get here", "How long does card delivery take?")}})
+    text = "\n".join([
+        'card_delivery_estimate: messages like "My card has not arrived yet"',  # the other intent's message
+        'card_arrival: messages like "How long does card delivery take?"',  # idem, the other way round
+        'card_arrival: asks where an ordered card is, e.g. "has not arrived yet" or "Where is my new card?"',
+        "card_delivery_estimate: asks how long delivery takes in general",  # quotes nothing: kept
+    ])
+    proposal = propose(SEED, text, "answer_guide", labels=LABELS, results=shown)
+    assert LearnedModule.parse(proposal.text).lines("answer_guide") == (
+        '- card_arrival: asks where an ordered card is, e.g. "has not arrived yet" or "Where is my new card?"',
+        "- card_delivery_estimate: asks how long delivery takes in general")
+    assert proposal.dropped == {"quotes_another_answers_input": 2}
+    # a rule citing the row's own message unquoted, under another answer, goes the same way
+    rule = propose(SEED, "- If the input is like Where is my new card, answer `refund_not_showing_up`.", "rules",
+                   labels=LABELS, results=shown)
+    assert rule.status == "unchanged" and rule.dropped == {"quotes_another_answers_input": 1}
+    # screen_cited_inputs=false: the screen before containers cited inputs
+    off = propose(SEED, text, "answer_guide", labels=LABELS, results=shown,
+                  settings=SETTINGS.model_copy(update={"screen_cited_inputs": False}))
+    assert off.dropped == {} and len(LearnedModule.parse(off.text).lines("answer_guide")) == 4

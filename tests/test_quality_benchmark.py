@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from benchmarks.quality.__main__ import main
-from benchmarks.quality.table import bootstrap_ci, pick_changes, runs, summary
+from benchmarks.quality.table import bootstrap_ci, label_variants, pick_changes, runs, summary
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,10 @@ def test_pick_changes_are_the_lines_added_and_dropped_per_module(tmp_path: Path)
         "system: - Reply with the label only.", "system: + Rules learned from mistakes:",
         "system: + - If it is about a card, answer `card`."]
     assert pick_changes(tmp_path, "c0000", "c0000") == []  # a run that kept its seed
+
+
+def test_runs_of_one_algorithm_with_other_settings_are_other_arms() -> None:
+    rows = [{"arm": "gepa"}, {"arm": "gepa"}, {"arm": "gepa"}, {"arm": "seed_only"}]
+    params = [{"samples": 2, "screen": True}, {"samples": 2, "screen": True}, {"samples": 2}, {}]
+    label_variants(rows, params)
+    assert [r["arm"] for r in rows] == ["gepa (screen=true)", "gepa (screen=true)", "gepa (screen=absent)", "seed_only"]

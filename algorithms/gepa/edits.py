@@ -3,7 +3,8 @@
 A module's text is its base instruction plus learned sections (`Rules learned from
 mistakes:`, `Answer guide:`), one `- ` line per learned item. Replies are parsed into
 lines, screened without any rollout (a cut-off last line, an answer that is not in the
-task's answer space or several at once, a line copied from an example), then appended to,
+task's answer space or several at once, a line that quotes another answer's inputs, a
+line copied from an example), then appended to,
 or (consolidation) substituted for, a section. Keeping edits at line level keeps small
 proposers useful and prompt growth bounded.
 """
@@ -11,7 +12,7 @@ proposers useful and prompt growth bounded.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -35,6 +36,9 @@ _JUNK_LINE = re.compile(r"<[a-z _]+>|the answer was|answer:\s*`?(unknown|not_det
 GUIDE_MIN_WORDS = 3  # an answer guide's description shorter than this says nothing (often just another label)
 _WORD = re.compile(r"[a-z0-9]+")
 COPY_RUN = 7  # this many consecutive words shared with an example input or feedback: copied, not learned
+# a quoted span in a line, apostrophes allowed inside (customer messages have them)
+_QUOTE_SPAN = re.compile(r'"([^"\n]{3,300})"|`([^`\n]{3,300})`|“([^”\n]{3,300})”')
+CITED_MIN_WORDS = 3  # a shorter cited input is too generic to say whose it is
 
 
 class ScreenedLine(BaseModel):
@@ -100,6 +104,35 @@ def copies_from(line: str, sources: Iterable[str], run: int = COPY_RUN) -> bool:
     return False
 
 
+def _phrase(text: str) -> str:
+    return " " + " ".join(_words(text)) + " "
+
+
+class CitedInputs:
+    """Which answers' inputs a line quotes, from the container's `answer_examples` of the
+    examples the proposer was shown: a small proposer often pairs an answer with the
+    example messages the feedback gave for another answer."""
+
+    def __init__(self, cited: Mapping[str, Sequence[str]] | None):
+        self.owners: dict[str, set[str]] = {}
+        for answer, texts in (cited or {}).items():
+            for text in texts:
+                if len(_words(text)) >= CITED_MIN_WORDS:
+                    self.owners.setdefault(_phrase(text), set()).add(canon(answer))
+
+    def others(self, line: str, label: str) -> bool:
+        """True when the line quotes an input cited only for answers other than `label`."""
+        if not self.owners:
+            return False
+        whole = _phrase(line)
+        spans = [_phrase(next(g for g in m.groups() if g)) for m in _QUOTE_SPAN.finditer(line)]
+        spans = [s for s in spans if len(s.split()) >= CITED_MIN_WORDS]
+        for phrase, owners in self.owners.items():
+            if (phrase in whole or any(span in phrase for span in spans)) and canon(label) not in owners:
+                return True
+        return False
+
+
 def named_labels(line: str, labels: dict[str, str]) -> tuple[set[str], set[str]]:
     """(valid labels the line names, label-shaped names that are not labels). `labels`
     maps canonical form -> label as listed."""
@@ -126,12 +159,14 @@ def _guide_label(line: str, labels: dict[str, str]) -> str | None:
 
 
 def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | None, existing: Sequence[str],
-           failure_text: Sequence[str], example_text: Sequence[str], wrong_answers: Sequence[str] = ()) -> Screen:
+           failure_text: Sequence[str], example_text: Sequence[str], wrong_answers: Sequence[str] = (),
+           cited: Mapping[str, Sequence[str]] | None = None) -> Screen:
     """Keep the lines worth a rollout. With an answer space (`labels`), a line must name
-    exactly one valid answer, and not an answer the policy gave on a failed example (a
-    small proposer often copies the given answer where the expected one belongs); it is
-    relevant when that answer appears in a failure's feedback. Without one (open-ended answers), a line must not copy an example or its
-    feedback: that memorises one row instead of teaching the task."""
+    exactly one valid answer, not an answer the policy gave on a failed example (a small
+    proposer often copies the given answer where the expected one belongs), and not quote
+    an input the container `cited` for another answer; it is relevant when its answer
+    appears in a failure's feedback. Without one (open-ended answers), a line must not
+    copy an example or its feedback: that memorises one row instead of teaching the task."""
     by_canon = {canon(label): label for label in labels or []}
     seen = {line.strip().lower() for line in existing}
     kept: list[ScreenedLine] = []
@@ -142,6 +177,7 @@ def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | No
 
     failures = " ".join(failure_text)
     wrong = {canon(answer) for answer in wrong_answers} - {""}
+    inputs = CitedInputs(cited)
     for raw in lines:
         item = _LIST_LINE.match(raw)
         body = (item.group(1) if item else raw).strip()
@@ -177,6 +213,9 @@ def screen(lines: Sequence[str], edit_format: str, *, labels: Sequence[str] | No
                 label = next(iter(valid))
             if canon(label) in wrong:
                 drop("repeats_a_wrong_answer")
+                continue
+            if inputs.others(body, label):
+                drop("quotes_another_answers_input")
                 continue
         relevant = label is None or label in failures or f"`{label}`" in failures
         seen.add(text.lower())

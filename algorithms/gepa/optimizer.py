@@ -59,6 +59,9 @@ class GepaParams(BaseModel):
     # draw a request's proposal_samples at once: one proposer round trip instead of one per
     # sample, at the price of samples the early stop (lines_wanted) would have saved
     sample_together: bool = False
+    # drop a learned line that quotes an input the container cited for another answer
+    # (`answer_examples`); off reproduces the screen before the container cited inputs
+    screen_cited_inputs: bool = True
 
     @field_validator("edit_formats")
     @classmethod
@@ -70,7 +73,7 @@ class GepaParams(BaseModel):
 
     def edit_settings(self) -> EditSettings:
         return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
-                            max_learned_lines=self.max_learned_lines)
+                            max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs)
 
 
 class MinibatchSampler:

@@ -28,6 +28,7 @@ class EditSettings(BaseModel):
     max_examples: int
     max_new_lines: int
     max_learned_lines: int
+    screen_cited_inputs: bool = True
 
 
 class Proposal(BaseModel):
@@ -108,7 +109,8 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
         lines += reply_lines(reply.text, reply.finish_reason, edit_format)[0]
     wrong = _wrong_answers([r for r in shown if is_failure(r)], answer_space(task_info) or [])
     screened = screen(lines, edit_format, labels=answer_space(task_info), existing=existing,
-                      failure_text=failures, example_text=examples, wrong_answers=wrong)
+                      failure_text=failures, example_text=examples, wrong_answers=wrong,
+                      cited=_cited(shown) if settings.screen_cited_inputs else None)
     if edit_format == "consolidate":
         kept = [ln.text for ln in screened.lines][:settings.max_learned_lines // 2]
         changed = bool(kept) and kept != list(module.lines(section))
@@ -120,6 +122,15 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
         text = module.with_lines(section, [*module.lines(section), *new]).render() if changed else module_text
         base["added"] = len(new)
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
+
+
+def _cited(shown: Sequence[RolloutResult]) -> dict[str, list[str]]:
+    """Answer -> the inputs the container cited for it across the examples shown."""
+    cited: dict[str, list[str]] = {}
+    for result in shown:
+        for answer, texts in (result.answer_examples or {}).items():
+            cited.setdefault(answer, []).extend(texts)
+    return cited
 
 
 def _wrong_answers(failed: Sequence[RolloutResult], labels: Sequence[str]) -> list[str]:

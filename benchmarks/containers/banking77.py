@@ -165,6 +165,21 @@ class Banking77(SingleCallContainer):
         hint = f" The nearest valid label is `{nearest}`." if nearest else ""
         return 0.0, feedback + f". `{given}` is not one of the 77 intent labels.{hint} Answer with a label from the list exactly."
 
+    def answer_examples(self, row: Row, result: PolicyResult) -> dict[str, list[str]]:
+        """The row's own message under its label; for a wrong label, also the example
+        messages the feedback quotes for the expected and the given intent."""
+        expected = row["label"]
+        cited = {expected: [row["text"]]}
+        answer = result.text.strip()
+        if answer == expected.strip():
+            return cited
+        cited[expected] += self.examples(expected)
+        self.labels()
+        given = self._by_canon.get(_canon(normalize_label(answer))) if answer else None
+        if given and given != expected:
+            cited[given] = list(self.examples(given))
+        return {label: texts for label, texts in cited.items() if texts}
+
     def task_info(self) -> dict[str, Any]:
         return {
             "description": "Classify a banking customer-support message into exactly one of 77 intent labels.",

@@ -73,8 +73,29 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
     return changed
 
 
+def _params(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "manifest.json").read_text())["spec"]["algorithm"].get("params") or {}
+
+
+def label_variants(rows: list[dict[str, Any]], params: list[dict[str, Any]]) -> None:
+    """Runs of one algorithm with different settings are different arms: each is named by
+    the settings that differ (a setting a run's version did not have shows as `absent`)."""
+    by_arm: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_arm.setdefault(row["arm"], []).append(i)
+    for members in by_arm.values():
+        keys = sorted({k for i in members for k in params[i]})
+        differ = [k for k in keys if len({json.dumps(params[i].get(k, "absent")) for i in members}) > 1]
+        for i in members:
+            if differ:
+                shown = ", ".join(f"{k}={json.dumps(params[i].get(k, 'absent')).strip(chr(34))}" for k in differ)
+                rows[i]["arm"] = f"{rows[i]['arm']} ({shown})"
+
+
 def runs(sweep_dir: Path) -> pl.DataFrame:
-    rows = [run_row(p.parent) for p in sorted(sweep_dir.glob("*/manifest.json"))]
+    dirs = [p.parent for p in sorted(sweep_dir.glob("*/manifest.json"))]
+    rows = [run_row(d) for d in dirs]
+    label_variants(rows, [_params(d) for d in dirs])
     schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "wall_s", "optimize_s")} | {
         c: pl.Int64 for c in ("seed", "heldout_rows", "failed_heldout_rows", "rollouts", "proposals", "accepted")}
     frame = pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None) if rows else pl.DataFrame(

@@ -40,6 +40,7 @@ class RolloutRow(Row):
     feedback: str | None = None
     feedback_source: str | None = None
     inputs: str | None = None
+    answer_examples_json: str | None = None
 
 
 class CandidateRow(Row):

@@ -31,6 +31,7 @@ ROLLOUTS = pa.schema(
         ("feedback", pa.string()),
         ("feedback_source", pa.string()),  # actionable_side_info, reward_info.details, summary or trace
         ("inputs", pa.string()),  # what the container says the policy saw
+        ("answer_examples_json", pa.string()),  # {answer: [inputs]} the container's feedback cites
     ]
 )
 

@@ -199,6 +199,11 @@ class SingleCallContainer(TaskContainer):
         """Named scores besides the reward (`objective_scores`)."""
         return None
 
+    def answer_examples(self, row: Row, result: PolicyResult) -> dict[str, list[str]] | None:
+        """Answer -> inputs known to have it, for the answers `score`'s feedback names
+        (`actionable_side_info.answer_examples`). None: none."""
+        return None
+
     def reflection_input(self, row: Row) -> str | None:
         """By default the rendered non-system messages of the seed candidate. Override to
         leave out what every row shares (a long label list)."""
@@ -220,12 +225,14 @@ class SingleCallContainer(TaskContainer):
         try:
             reward, feedback = self.score(row, result)
             objectives = self.objectives(row, result.text)
+            examples = self.answer_examples(row, result)
         except Exception as exc:  # the paid policy call is done: keep its usage on the error row
             env.code_errors.log("score", req.task_id, exc)
             return failed_response(req, exc, trace, usage)
         return RolloutResponse(
             rollout_id=req.rollout_id, status="ok", reward_info=RewardInfo(outcome_reward=float(reward)),
-            objective_scores=objectives, usage=usage, trace=trace, actionable_side_info=SideInfo(feedback=feedback),
+            objective_scores=objectives, usage=usage, trace=trace,
+            actionable_side_info=SideInfo(feedback=feedback, answer_examples=examples),
         )
 
 
