@@ -115,9 +115,9 @@ class Budget:
 
     # ---- stop decisions --------------------------------------------------------------
 
-    def stop_reason(self, generation: int | None = None) -> StopReason | None:
+    def stop_reason(self, generation: int | None = None, *, wall: bool = True) -> StopReason | None:
         limits, usage = self.limits, self.usage
-        if limits.max_wall_s is not None and self.elapsed() >= limits.max_wall_s:
+        if wall and limits.max_wall_s is not None and self.elapsed() >= limits.max_wall_s:
             return StopReason.MAX_WALL_S
         if limits.max_cost_usd is not None and (usage.cost_usd >= limits.max_cost_usd or usage.budget_refused):
             return StopReason.MAX_COST_USD
@@ -131,9 +131,10 @@ class Budget:
     def rollouts_left(self) -> int:
         return self.limits.max_rollouts - self.usage.rollouts - self._in_flight
 
-    def check_rollouts(self, count: int) -> None:
-        """Raise BudgetExhausted unless `count` more budgeted rollouts fit, in every limit."""
-        reason = self.stop_reason()
+    def check_rollouts(self, count: int, *, wall: bool = True) -> None:
+        """Raise BudgetExhausted unless `count` more budgeted rollouts fit, in every limit
+        (`wall=False`: all but the wall clock, for rollouts that finish a stopped search)."""
+        reason = self.stop_reason(wall=wall)
         if reason is None and count > self.rollouts_left:
             reason = StopReason.MAX_ROLLOUTS
         if reason is None and self._usd_projection_over(rollouts=count):

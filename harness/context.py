@@ -179,15 +179,18 @@ class RunContext:
             for task in await self.client.tasks(split, ids):
                 self._rows[task.task_id] = task.model_dump()
 
-    async def evaluate(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...], stage: str) -> list[RolloutResult]:
+    async def evaluate(self, candidate: Candidate, task_ids: list[str] | tuple[str, ...], stage: str, *,
+                       past_wall: bool = False) -> list[RolloutResult]:
         """Roll out `candidate` on `task_ids`; cached pairs are not rolled out again.
-        Raises BudgetExhausted, before any rollout, if the uncached part does not fit.
-        Pairs another evaluation is rolling out are awaited, not rolled out twice."""
+        Raises BudgetExhausted, before any rollout, if the uncached part does not fit
+        (`past_wall`: the wall clock does not refuse them, as for rollouts that finish a
+        search the wall stopped). Pairs another evaluation is rolling out are awaited, not
+        rolled out twice."""
         todo = self.uncached(candidate, task_ids)
         elsewhere = {self._in_flight[(candidate.digest, t)] for t in task_ids if (candidate.digest, t) in self._in_flight}
         optimizing = stage in OPTIMIZATION_STAGES
         if optimizing and todo:
-            self.budget.check_rollouts(len(todo))
+            self.budget.check_rollouts(len(todo), wall=not past_wall)
         if todo:
             mine = {(candidate.digest, t): asyncio.Event() for t in todo}
             self._in_flight.update(mine)

@@ -183,6 +183,10 @@ class Doctor:
                      "send actionable_side_info.inputs with the text the policy was given")
         else:
             self.add("ok", route, f"inputs for the proposer ({len(outcome.inputs)} chars): {_clip(outcome.inputs, 60)}")
+        if outcome.answer_examples:
+            cited = sum(len(texts) for texts in outcome.answer_examples.values())
+            self.add("ok", route, f"answer_examples: {cited} input(s) cited for {len(outcome.answer_examples)} "
+                     "answer(s), checked against the proposer's learned lines")
         if not outcome.output:
             self.add("warn", route, "no output text", "send trace.output with the policy's answer")
         if (response.trace or {}).get("finish_reason") == "length":

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library"})
+OPTIMIZATION_STAGES = frozenset({"seed", "pareto", "minibatch", "reflection", "library", "select"})
 
 
 @dataclass

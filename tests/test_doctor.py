@@ -63,6 +63,8 @@ def test_a_built_in_container_passes(data_dir: Path) -> None:
                for line in lines), lines
     assert any(line.startswith("OK    /rollout: feedback from actionable_side_info: ") for line in lines)
     assert any(line.startswith("OK    /rollout: inputs for the proposer") for line in lines)
+    assert any(re.match(r"OK    /rollout: answer_examples: \d+ input\(s\) cited for \d+ answer\(s\)", line)
+               for line in lines), lines
     assert lines[-1] == "doctor: 0 blocking problem(s), 0 warning(s)"
 
 

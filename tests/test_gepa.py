@@ -173,10 +173,11 @@ def test_unchanged_reply_is_retried_within_the_attempts(tmp_path, data_dir, urls
 
 
 def rules_run(tmp_path: Path, data_dir: Path, urls: tuple[str, str], bank: dict[str, Any], *, max_rollouts: int,
-              seed: int = 0, train: list[str] | None = None, parallel: int = 1, **budget: Any) -> dict[str, Any]:
+              seed: int = 0, train: list[str] | None = None, parallel: int = 1, params: dict[str, Any] | None = None,
+              **budget: Any) -> dict[str, Any]:
     spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=train or bank["wide"][:20],
                          pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=max_rollouts, seed=seed,
-                         params={"minibatch_size": 3, "parallel_proposals": parallel}, **budget)
+                         params={"minibatch_size": 3, "parallel_proposals": parallel, **(params or {})}, **budget)
     if parallel > 1:
         spec = spec.model_copy(update={"concurrency": 3 * parallel})
     outcome = execute(spec, *urls)
@@ -310,3 +311,67 @@ def test_sampling_stops_once_enough_lines_survive_the_screen(tmp_path, data_dir,
     proposal = ev["proposals"].row(0, named=True)
     assert (proposal["status"], proposal["attempts"], len(proposal["proposer_replies"])) == ("changed", calls, calls)
     assert proposal["learned_lines"] == 2
+
+
+def test_the_pick_weighs_train_rows_kept_apart_against_a_lucky_pareto_pool(tmp_path, data_dir, urls, bank) -> None:
+    """select_top: the pareto leaders and the seed are also scored on train rows no minibatch
+    uses. Child c0001 fits the pareto pool alone; c0002 holds on the rows kept apart too."""
+    from algorithms.gepa.select import split_train
+
+    minibatch, apart = split_train(tuple(bank["train"]), 4, seed=0)
+    pareto = bank["pareto"]
+    lucky = rules_reply(bank["seed"], bank["rows"], [*pareto, minibatch[0]])
+    steady = rules_reply(bank["seed"], bank["rows"], [*pareto[:2], *minibatch[:2], *apart])
+    params = {**EXACT, "select_top": 2, "select_rows": 4}
+    with ScriptedModelThread("queue", [lucky, steady]) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=2, params=params)
+    rollouts, manifest = ev["rollouts"], ev["manifest"]
+    assert ev["proposals"].select("child_id", "accepted").rows() == [("c0001", True), ("c0002", True)]
+    pareto_means = rollouts.filter(pl.col("stage").is_in(["seed", "pareto"])).group_by("candidate_id").agg(
+        pl.col("reward").mean()).sort("candidate_id")["reward"].to_list()
+    assert pareto_means == [0.0, 1.0, 0.5]  # the pareto pool alone would pick c0001
+    kept = rollouts.filter(pl.col("stage") == "select")
+    assert {c: sorted(g["task_id"]) for (c,), g in kept.group_by("candidate_id")} == {
+        c: sorted(apart) for c in ("c0000", "c0001", "c0002")}
+    assert set(rollouts.filter(pl.col("stage") == "minibatch")["task_id"]) <= set(minibatch)
+    assert manifest["best_candidate_id"] == "c0002"  # (2 + 4) / 8 against c0001's (4 + 0) / 8
+    select = json.loads(ev["events"].filter(pl.col("kind") == "select")["data_json"][0])
+    assert select["pareto_best"] == "c0001" and select["scores"] == {"c0001": 0.5, "c0002": 0.75, "c0000": 0.0}
+    assert manifest["totals"]["rollouts"] == len(optimization_rows(ev))  # the extra rows are budgeted
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+@pytest.mark.parametrize("budget", [9, 30, 80])
+def test_rows_kept_for_the_pick_are_held_from_the_iterations(tmp_path, data_dir, urls, bank, budget: int,
+                                                             parallel: int) -> None:
+    """The pick's extra rows ((select_top + 1) x select_rows = 6) are held up front: the
+    iterations stop short of them, and the run ends instead of waiting for them."""
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=budget, parallel=parallel,
+                   params={"select_top": 1, "select_rows": 3})
+    rows = optimization_rows(ev)
+    spent = rows.filter(pl.col("stage") != "select")
+    assert len(rows) <= budget and len(rows) == ev["manifest"]["totals"]["rollouts"]
+    if budget < 6 + 2 * 5 + 2 * 3:  # no room for the seed and one child beside the hold: no pick stage
+        assert len(rows.filter(pl.col("stage") == "select")) == 0
+        assert len(rows.filter(pl.col("stage") == "seed")) == 5  # the search itself goes on
+    else:
+        assert len(spent) <= budget - 6
+        if len(ev["candidates"].filter(pl.col("origin") == "proposal")) > 0:
+            assert len(rows.filter(pl.col("stage") == "select")) > 0
+
+
+def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, data_dir, urls, bank) -> None:
+    """The wall clock stops the iterations; the pick's extra rows were held from the rollout
+    budget and run after it, as heldout does."""
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=100_000, max_wall_s=1.5, train=bank["wide"],
+                   params={"select_top": 2, "select_rows": 4})
+    manifest, rollouts = ev["manifest"], ev["rollouts"]
+    assert manifest["status"] == "done" and manifest["stop_reason"] == "max_wall_s"
+    children = set(rollouts.filter(pl.col("stage") == "pareto")["candidate_id"])
+    assert children, "no child reached the pareto pool within the wall"
+    kept = rollouts.filter(pl.col("stage") == "select")
+    select = json.loads(ev["events"].filter(pl.col("kind") == "select")["data_json"][0])
+    # the two best pareto means and the seed (which may be one of them)
+    assert "c0000" in select["scores"] and len(select["scores"]) in (2, 3)
+    assert sorted(kept["candidate_id"].unique()) == sorted(select["scores"])
+    assert kept.height == 4 * len(select["scores"]) and "select_skipped" not in ev["events"]["kind"].to_list()

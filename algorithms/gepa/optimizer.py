@@ -2,7 +2,8 @@
 failures (several proposer samples, screened for free), propose an edit of one target
 module, accept on minibatch improvement, then score the child on the pareto pool. Every
 `merge_every`-th iteration instead merges two frontier candidates that lead on different
-rows. The run's pick is the best pareto mean.
+rows. The run's pick is the best pareto mean, or with `select_top` the best mean over the
+pareto pool and train rows kept apart (select.py).
 
 With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
 so the model's latency is overlapped rather than paid one minibatch at a time. The first
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -27,6 +29,7 @@ from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
+from algorithms.gepa.select import best_combined, combined_mean, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
@@ -62,6 +65,11 @@ class GepaParams(BaseModel):
     # drop a learned line that quotes an input the container cited for another answer
     # (`answer_examples`); off reproduces the screen before the container cited inputs
     screen_cited_inputs: bool = True
+    # before the pick, the `select_top` best pareto means and the seed are also scored on
+    # `select_rows` train rows kept out of every minibatch (held from the budget up front);
+    # the pick is the best mean over both (algorithms/gepa/select.py). 0: best pareto mean.
+    select_top: int = Field(default=0, ge=0)
+    select_rows: int = Field(default=30, gt=0)
 
     @field_validator("edit_formats")
     @classmethod
@@ -108,39 +116,97 @@ class GepaOptimizer:
 
     async def run(self, ctx: RunView) -> OptimizerResult:
         frontier = ParetoFrontier(ctx.pools.pareto)
-        seed = ctx.seed_candidate
-        self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
         loop = LoopState(ctx.budget)
+        self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
+        self._row_s = 0.0  # slowest seconds per pareto row a child's scoring took (at the run's concurrency)
+        self._iteration_s = 0.0  # slowest iteration
+        minibatch_rows, self._select_rows = split_train(
+            ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
+        with ExitStack() as held:
+            self._hold = self._hold_for_pick(ctx, held)
+            early = await self._optimize(ctx, frontier, loop, minibatch_rows)
+        if early is not None:
+            return early
+        best = await self._pick(ctx, frontier)
+        stop = loop.stop or StopReason.MAX_ROLLOUTS
+        ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
+        return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
+
+    async def _optimize(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState,
+                        minibatch_rows: tuple[str, ...]) -> OptimizerResult | None:
+        """The iterations; an OptimizerResult when the seed itself could not be scored."""
+        seed = ctx.seed_candidate
         if self.params.parallel_proposals == 1:
             try:
                 await self._score_seed(ctx, frontier)
             except BudgetExhausted as exhausted:
                 return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
-            self._start_loop(ctx)
+            self._start_loop(ctx, minibatch_rows)
             await self._worker(ctx, frontier, loop)
-        else:
-            # The first iterations need only the seed's texts, not its pareto scores: they start
-            # while the seed is scored, which would otherwise leave most slots idle for a round trip.
-            with ExitStack() as held:
-                try:
-                    hold = held.enter_context(ctx.budget.reserve(len(ctx.uncached(seed, list(ctx.pools.pareto)))))
-                except BudgetExhausted as exhausted:
-                    return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
-                self._start_loop(ctx)
-                workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
-                await all_or_first_error([self._score_seed_beside(ctx, frontier, loop, hold), *workers])
-            if seed.candidate_id not in frontier.scores:
-                return OptimizerResult(best_candidate_id=seed.candidate_id,
-                                       stop_reason=loop.stop or StopReason.MAX_ROLLOUTS)
-        best = frontier.best()
-        stop = loop.stop or StopReason.MAX_ROLLOUTS
-        ctx.event("stop", f"stopped: {stop}", iterations=loop.iteration, best=best, best_score=frontier.mean(best))
-        return OptimizerResult(best_candidate_id=best, stop_reason=stop, iterations=loop.iteration)
+            return None
+        # The first iterations need only the seed's texts, not its pareto scores: they start
+        # while the seed is scored, which would otherwise leave most slots idle for a round trip.
+        with ExitStack() as held:
+            try:
+                hold = held.enter_context(ctx.budget.reserve(len(ctx.uncached(seed, list(ctx.pools.pareto)))))
+            except BudgetExhausted as exhausted:
+                return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=exhausted.reason)
+            self._start_loop(ctx, minibatch_rows)
+            workers = [self._worker(ctx, frontier, loop) for _ in range(self.params.parallel_proposals)]
+            await all_or_first_error([self._score_seed_beside(ctx, frontier, loop, hold), *workers])
+        if seed.candidate_id not in frontier.scores:
+            return OptimizerResult(best_candidate_id=seed.candidate_id, stop_reason=loop.stop or StopReason.MAX_ROLLOUTS)
+        return None
 
-    def _start_loop(self, ctx: RunView) -> None:
+    # ---- the pick ---------------------------------------------------------------------
+
+    def _hold_for_pick(self, ctx: RunView, held: ExitStack) -> Reservation | None:
+        """Rollouts kept from the iterations for the pick's extra rows; none when the budget
+        could not also score the seed and one child (the pick is then the best pareto mean)."""
+        hold = (self.params.select_top + 1) * len(self._select_rows)
+        search = 2 * len(ctx.pools.pareto) + 2 * self.params.minibatch_size
+        if not hold or ctx.budget.rollouts_left < hold + search:
+            self._select_rows = ()
+            return None
+        return held.enter_context(ctx.budget.reserve(hold))
+
+    def _time_for_pick(self, ctx: RunView) -> StopReason | None:
+        """MAX_WALL_S once the wall left covers only one more iteration and the pick's extra
+        rows, at the slowest pace seen: a child's pareto scoring (the seed's may be replayed
+        from a cache) and a whole iteration."""
+        wall_left = ctx.budget.wall_left()
+        if not self._select_rows or wall_left is None or not self._row_s:
+            return None
+        needed = (self.params.select_top + 1) * len(self._select_rows) * self._row_s + self._iteration_s
+        return StopReason.MAX_WALL_S if wall_left <= needed else None
+
+    async def _pick(self, ctx: RunView, frontier: ParetoFrontier) -> str:
+        best = frontier.best()
+        if not self._select_rows or len(frontier.scores) < 2:
+            return best
+        ids = contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id)
+        rows = list(self._select_rows)
+        # The rows were held from the rollout budget; the wall clock does not refuse them (the
+        # iterations stop early enough for them, see _time_for_pick). Every evaluation ends
+        # before the pick is made, whichever of them stopped.
+        outcomes = await asyncio.gather(*(ctx.evaluate(ctx.candidate(c), rows, "select", past_wall=True)
+                                          for c in ids), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BudgetExhausted):  # a USD budget: the pareto pool alone decides
+                ctx.event("select_skipped", f"no rows for the pick ({outcome.reason}): best pareto mean", best=best)
+                return best
+            if isinstance(outcome, BaseException):
+                raise outcome
+        extra = {c: [r.reward for r in rs] for c, rs in zip(ids, outcomes)}  # type: ignore[union-attr]
+        pick = best_combined(frontier, extra)
+        ctx.event("select", f"pick {pick} over the pareto pool and {len(rows)} train rows kept apart",
+                  pareto_best=best, scores={c: combined_mean(frontier, c, extra[c]) for c in ids})
+        return pick
+
+    def _start_loop(self, ctx: RunView, minibatch_rows: tuple[str, ...]) -> None:
         self._proposer_errors = 0
         self._rotation = Rotation(ctx.target_modules)
-        self._sampler = MinibatchSampler(ctx.pools.train, ctx.rng)
+        self._sampler = MinibatchSampler(minibatch_rows, ctx.rng)
 
     async def _score_seed(self, ctx: RunView, frontier: ParetoFrontier) -> None:
         seed = ctx.seed_candidate
@@ -162,7 +228,7 @@ class GepaOptimizer:
 
     async def _worker(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
-            reason = ctx.stop_reason(generation=loop.iteration)
+            reason = ctx.stop_reason(generation=loop.iteration) or self._time_for_pick(ctx)
             if reason is not None:
                 loop.finish(reason)
                 break
@@ -172,22 +238,24 @@ class GepaOptimizer:
                 break
             iteration = loop.iteration
             loop.iteration += 1
-            spent_before = ctx.usage.rollouts
+            spent_before, started = ctx.usage.rollouts, time.monotonic()
             try:
                 await self._iterate(ctx, frontier, iteration)
             except BudgetExhausted as exhausted:
                 if loop.iteration == iteration + 1:
                     loop.iteration = iteration  # an iteration that did not happen does not count
-                if exhausted.reason is StopReason.MAX_ROLLOUTS and ctx.budget.reserved:
+                others = ctx.budget.reserved - (self._hold.left if self._hold is not None else 0)
+                if exhausted.reason is StopReason.MAX_ROLLOUTS and others:
                     await ctx.budget.wait_for_release()  # the others may not need all they reserved
                     continue
                 loop.finish(exhausted.reason)
                 break
             loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
+            self._iteration_s = max(self._iteration_s, time.monotonic() - started)
 
     async def _iterate(self, ctx: RunView, frontier: ParetoFrontier, iteration: int) -> None:
         params = self.params
-        k = min(params.minibatch_size, len(ctx.pools.train))
+        k = min(params.minibatch_size, len(self._sampler.task_ids))
         minibatch = self._sampler.next(k)
         pair = self._merge_pair(ctx, frontier) if params.merge_every and (iteration + 1) % params.merge_every == 0 \
             else None
@@ -248,7 +316,10 @@ class GepaOptimizer:
         if not accepted:
             return
         reservation.spend(len(pareto))
+        started = time.monotonic()
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        if pareto:
+            self._row_s = max(self._row_s, (time.monotonic() - started) / len(pareto))
         await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)

@@ -1,0 +1,49 @@
+"""The run's pick. The best mean over one small pareto pool favours the luckiest candidate:
+each edit of a small policy's prompt flips about a fifth of its answers either way, so the
+leader of 30 rows is often a candidate that drew well. With `select_top` > 0 the pool's
+leaders and the seed are also scored on train rows that no minibatch uses, and the pick is
+the best mean over both; the seed among them lets a run keep it when no child holds up."""
+
+from __future__ import annotations
+
+import random
+
+from algorithms.gepa.pareto import ParetoFrontier
+
+
+def split_train(train: tuple[str, ...], count: int, seed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(rows for the minibatches, rows kept apart for the pick): a fixed shuffle of the train
+    pool by the run's seed; at most half of it is kept apart."""
+    count = min(count, len(train) // 2)
+    if count <= 0:
+        return train, ()
+    order = list(train)
+    random.Random(f"gepa-select-{seed}").shuffle(order)
+    apart = set(order[:count])
+    return tuple(t for t in train if t not in apart), tuple(t for t in train if t in apart)
+
+
+def contenders(frontier: ParetoFrontier, top: int, seed_id: str) -> list[str]:
+    """The `top` best pareto means (ties to the earlier), and the seed."""
+    order = list(frontier.scores)
+    ranked = sorted(order, key=lambda c: (-_or_low(frontier.mean(c)), order.index(c)))[:top]
+    if seed_id in frontier.scores and seed_id not in ranked:
+        ranked.append(seed_id)
+    return ranked
+
+
+def combined_mean(frontier: ParetoFrontier, candidate_id: str, extra: list[float | None]) -> float | None:
+    """Mean over the pareto rows and the extra rows that have a reward (missing evidence is
+    left out, never a zero)."""
+    rewards = [r for r in [*frontier.scores[candidate_id], *extra] if r is not None]
+    return sum(rewards) / len(rewards) if rewards else None
+
+
+def best_combined(frontier: ParetoFrontier, extra: dict[str, list[float | None]]) -> str:
+    """The contender with the best combined mean; ties go to the earlier candidate."""
+    order = list(frontier.scores)
+    return max(extra, key=lambda c: (_or_low(combined_mean(frontier, c, extra[c])), -order.index(c)))
+
+
+def _or_low(value: float | None) -> float:
+    return float("-inf") if value is None else value
