@@ -185,6 +185,8 @@ class GepaOptimizer:
         if not self._select_rows or len(frontier.scores) < 2:
             return best
         ids = contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id)
+        if len(ids) < 2:  # no child beat the seed on the pareto pool
+            return best
         rows = list(self._select_rows)
         # The rows were held from the rollout budget; the wall clock does not refuse them (the
         # iterations stop early enough for them, see _time_for_pick). Every evaluation ends

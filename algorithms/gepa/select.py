@@ -1,8 +1,9 @@
 """The run's pick. The best mean over one small pareto pool favours the luckiest candidate:
 each edit of a small policy's prompt flips about a fifth of its answers either way, so the
 leader of 30 rows is often a candidate that drew well. With `select_top` > 0 the pool's
-leaders and the seed are also scored on train rows that no minibatch uses, and the pick is
-the best mean over both; the seed among them lets a run keep it when no child holds up."""
+leaders that beat the seed there, and the seed, are also scored on train rows that no
+minibatch uses, and the pick is the best mean over both; the seed among them lets a run
+keep it when no child holds up."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ def split_train(train: tuple[str, ...], count: int, seed: int) -> tuple[tuple[st
 
 
 def contenders(frontier: ParetoFrontier, top: int, seed_id: str) -> list[str]:
-    """The `top` best pareto means (ties to the earlier), and the seed."""
+    """The `top` best pareto means (ties to the earlier) among the candidates that beat the
+    seed there, then the seed; none when no candidate beats it (the seed is then the pick)."""
     order = list(frontier.scores)
-    ranked = sorted(order, key=lambda c: (-_or_low(frontier.mean(c)), order.index(c)))[:top]
-    if seed_id in frontier.scores and seed_id not in ranked:
-        ranked.append(seed_id)
-    return ranked
+    bar = _or_low(frontier.mean(seed_id)) if seed_id in frontier.scores else float("-inf")
+    better = [c for c in order if c != seed_id and _or_low(frontier.mean(c)) > bar]
+    ranked = sorted(better, key=lambda c: (-_or_low(frontier.mean(c)), order.index(c)))[:top]
+    return [*ranked, seed_id] if ranked and seed_id in frontier.scores else ranked
 
 
 def combined_mean(frontier: ParetoFrontier, candidate_id: str, extra: list[float | None]) -> float | None:
