@@ -170,14 +170,16 @@ class GepaOptimizer:
             return None
         return held.enter_context(ctx.budget.reserve(hold))
 
-    def _time_for_pick(self, ctx: RunView) -> StopReason | None:
+    def _time_for_pick(self, ctx: RunView, frontier: ParetoFrontier) -> StopReason | None:
         """MAX_WALL_S once the wall left covers only one more iteration and the pick's extra
-        rows, at the slowest pace seen: a child's pareto scoring (the seed's may be replayed
-        from a cache) and a whole iteration."""
+        rows for the contenders there could be after it, at the slowest pace seen: a child's
+        pareto scoring (the seed's may be replayed from a cache) and a whole iteration."""
         wall_left = ctx.budget.wall_left()
         if not self._select_rows or wall_left is None or not self._row_s:
             return None
-        needed = (self.params.select_top + 1) * len(self._select_rows) * self._row_s + self._iteration_s
+        better = max(0, len(contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id)) - 1)
+        scored = min(self.params.select_top, better + 1) + 1  # one more child may beat the seed, and the seed
+        needed = scored * len(self._select_rows) * self._row_s + self._iteration_s
         return StopReason.MAX_WALL_S if wall_left <= needed else None
 
     async def _pick(self, ctx: RunView, frontier: ParetoFrontier) -> str:
@@ -230,7 +232,7 @@ class GepaOptimizer:
 
     async def _worker(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
-            reason = ctx.stop_reason(generation=loop.iteration) or self._time_for_pick(ctx)
+            reason = ctx.stop_reason(generation=loop.iteration) or self._time_for_pick(ctx, frontier)
             if reason is not None:
                 loop.finish(reason)
                 break

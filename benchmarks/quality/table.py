@@ -153,9 +153,9 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
 
     models = per_run.select("policy", "proposer").unique().rows()
     lines = [f"# {title}", "",
-             "Lift = heldout score of the run's own pick (best pareto mean) minus the seed prompt's, on the same "
-             "heldout rows. Mean over seeds with a 95% percentile bootstrap interval over seeds; runs not `done` "
-             "are counted apart, never as zero.", "",
+             "Lift = heldout score of the run's own pick (chosen before any heldout row is seen) minus the seed "
+             "prompt's, on the same heldout rows. Mean over seeds with a 95% percentile bootstrap interval over "
+             "seeds; runs not `done` are counted apart, never as zero.", "",
              "Models (policy, proposer): " + "; ".join(f"{p}, {q}" for p, q in models), "",
              "| task | arm | seeds | per-seed lift | mean lift [95% CI] | seed -> pick (mean) | heldout rows | "
              "rollouts | wall (min) |", "|---|---|---|---|---|---|---|---|---|"]
