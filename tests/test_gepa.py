@@ -376,8 +376,8 @@ def test_rows_kept_for_the_pick_are_held_from_the_iterations(tmp_path, data_dir,
 
 
 def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, data_dir, urls, bank) -> None:
-    """The wall clock stops the iterations; the pick's extra rows, held from the rollout
-    budget, still run (the iterations stop in time for them, and the wall does not refuse them)."""
+    """The wall clock stops the iterations; the pick's extra rows were held from the rollout
+    budget and run after it, as heldout does."""
     from algorithms.gepa.select import split_train
 
     minibatch, apart = split_train(tuple(bank["train"]), 4, seed=0)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -118,8 +117,6 @@ class GepaOptimizer:
         frontier = ParetoFrontier(ctx.pools.pareto)
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
-        self._row_s = 0.0  # slowest seconds per pareto row a child's scoring took (at the run's concurrency)
-        self._iteration_s = 0.0  # slowest iteration
         minibatch_rows, self._select_rows = split_train(
             ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
         with ExitStack() as held:
@@ -170,18 +167,6 @@ class GepaOptimizer:
             return None
         return held.enter_context(ctx.budget.reserve(hold))
 
-    def _time_for_pick(self, ctx: RunView, frontier: ParetoFrontier) -> StopReason | None:
-        """MAX_WALL_S once the wall left covers only one more iteration and the pick's extra
-        rows for the contenders there could be after it, at the slowest pace seen: a child's
-        pareto scoring (the seed's may be replayed from a cache) and a whole iteration."""
-        wall_left = ctx.budget.wall_left()
-        if not self._select_rows or wall_left is None or not self._row_s:
-            return None
-        better = max(0, len(contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id)) - 1)
-        scored = min(self.params.select_top, better + 1) + 1  # one more child may beat the seed, and the seed
-        needed = scored * len(self._select_rows) * self._row_s + self._iteration_s
-        return StopReason.MAX_WALL_S if wall_left <= needed else None
-
     async def _pick(self, ctx: RunView, frontier: ParetoFrontier) -> str:
         best = frontier.best()
         if not self._select_rows or len(frontier.scores) < 2:
@@ -190,9 +175,8 @@ class GepaOptimizer:
         if len(ids) < 2:  # no child beat the seed on the pareto pool
             return best
         rows = list(self._select_rows)
-        # The rows were held from the rollout budget; the wall clock does not refuse them (the
-        # iterations stop early enough for them, see _time_for_pick). Every evaluation ends
-        # before the pick is made, whichever of them stopped.
+        # The rows were held from the rollout budget; like heldout they run after the wall clock
+        # has stopped the search. Every evaluation ends before the pick is made, whichever stopped.
         outcomes = await asyncio.gather(*(ctx.evaluate(ctx.candidate(c), rows, "select", past_wall=True)
                                           for c in ids), return_exceptions=True)
         for outcome in outcomes:
@@ -232,7 +216,7 @@ class GepaOptimizer:
 
     async def _worker(self, ctx: RunView, frontier: ParetoFrontier, loop: LoopState) -> None:
         while loop.stop is None:
-            reason = ctx.stop_reason(generation=loop.iteration) or self._time_for_pick(ctx, frontier)
+            reason = ctx.stop_reason(generation=loop.iteration)
             if reason is not None:
                 loop.finish(reason)
                 break
@@ -242,7 +226,7 @@ class GepaOptimizer:
                 break
             iteration = loop.iteration
             loop.iteration += 1
-            spent_before, started = ctx.usage.rollouts, time.monotonic()
+            spent_before = ctx.usage.rollouts
             try:
                 await self._iterate(ctx, frontier, iteration)
             except BudgetExhausted as exhausted:
@@ -255,7 +239,6 @@ class GepaOptimizer:
                 loop.finish(exhausted.reason)
                 break
             loop.idle = loop.idle + 1 if ctx.usage.rollouts == spent_before else 0
-            self._iteration_s = max(self._iteration_s, time.monotonic() - started)
 
     async def _iterate(self, ctx: RunView, frontier: ParetoFrontier, iteration: int) -> None:
         params = self.params
@@ -320,10 +303,7 @@ class GepaOptimizer:
         if not accepted:
             return
         reservation.spend(len(pareto))
-        started = time.monotonic()
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
-        if pareto:
-            self._row_s = max(self._row_s, (time.monotonic() - started) / len(pareto))
         await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
