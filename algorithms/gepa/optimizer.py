@@ -169,10 +169,8 @@ class GepaOptimizer:
 
     async def _pick(self, ctx: RunView, frontier: ParetoFrontier) -> str:
         best = frontier.best()
-        if not self._select_rows or len(frontier.scores) < 2:
-            return best
-        ids = contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id)
-        if len(ids) < 2:  # no child beat the seed on the pareto pool
+        ids = contenders(frontier, self.params.select_top, ctx.seed_candidate.candidate_id) if self._select_rows else []
+        if not ids:  # no rows kept apart, or no child beat the seed on the pareto pool
             return best
         rows = list(self._select_rows)
         # The rows were held from the rollout budget; like heldout they run after the wall clock

@@ -25,7 +25,7 @@ class ParetoFrontier:
     def best(self) -> str:
         """Highest mean on the pareto pool; ties go to the earlier candidate."""
         order = list(self.scores)
-        return max(self.scores, key=lambda c: (_or_low(self.mean(c)), -order.index(c)))
+        return max(self.scores, key=lambda c: (or_low(self.mean(c)), -order.index(c)))
 
     def fronts(self) -> list[set[str]]:
         """For each row, the candidates that reach the row's best reward."""
@@ -61,5 +61,5 @@ class ParetoFrontier:
         return rng.choices(ids, weights=[counts[c] for c in ids], k=1)[0]
 
 
-def _or_low(value: float | None) -> float:
+def or_low(value: float | None) -> float:
     return float("-inf") if value is None else value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from algorithms.gepa.pareto import ParetoFrontier
+from algorithms.gepa.pareto import ParetoFrontier, or_low
 
 
 def split_train(train: tuple[str, ...], count: int, seed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -28,9 +28,9 @@ def contenders(frontier: ParetoFrontier, top: int, seed_id: str) -> list[str]:
     """The `top` best pareto means (ties to the earlier) among the candidates that beat the
     seed there, then the seed; none when no candidate beats it (the seed is then the pick)."""
     order = list(frontier.scores)
-    bar = _or_low(frontier.mean(seed_id)) if seed_id in frontier.scores else float("-inf")
-    better = [c for c in order if c != seed_id and _or_low(frontier.mean(c)) > bar]
-    ranked = sorted(better, key=lambda c: (-_or_low(frontier.mean(c)), order.index(c)))[:top]
+    bar = or_low(frontier.mean(seed_id)) if seed_id in frontier.scores else float("-inf")
+    better = [c for c in order if c != seed_id and or_low(frontier.mean(c)) > bar]
+    ranked = sorted(better, key=lambda c: (-or_low(frontier.mean(c)), order.index(c)))[:top]
     return [*ranked, seed_id] if ranked and seed_id in frontier.scores else ranked
 
 
@@ -44,8 +44,4 @@ def combined_mean(frontier: ParetoFrontier, candidate_id: str, extra: list[float
 def best_combined(frontier: ParetoFrontier, extra: dict[str, list[float | None]]) -> str:
     """The contender with the best combined mean; ties go to the earlier candidate."""
     order = list(frontier.scores)
-    return max(extra, key=lambda c: (_or_low(combined_mean(frontier, c, extra[c])), -order.index(c)))
-
-
-def _or_low(value: float | None) -> float:
-    return float("-inf") if value is None else value
+    return max(extra, key=lambda c: (or_low(combined_mean(frontier, c, extra[c])), -order.index(c)))

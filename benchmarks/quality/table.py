@@ -85,11 +85,15 @@ def label_variants(rows: list[dict[str, Any]], params: list[dict[str, Any]]) -> 
         by_arm.setdefault(row["arm"], []).append(i)
     for members in by_arm.values():
         keys = sorted({k for i in members for k in params[i]})
-        differ = [k for k in keys if len({json.dumps(params[i].get(k, "absent")) for i in members}) > 1]
+        differ = [k for k in keys if len({_setting(params[i], k) for i in members}) > 1]
         for i in members:
             if differ:
-                shown = ", ".join(f"{k}={json.dumps(params[i].get(k, 'absent')).strip(chr(34))}" for k in differ)
-                rows[i]["arm"] = f"{rows[i]['arm']} ({shown})"
+                rows[i]["arm"] += " (" + ", ".join(f"{k}={_setting(params[i], k)}" for k in differ) + ")"
+
+
+def _setting(params: dict[str, Any], key: str) -> str:
+    value = params.get(key, "absent")
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def runs(sweep_dir: Path) -> pl.DataFrame:
