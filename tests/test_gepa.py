@@ -70,14 +70,17 @@ def test_best_is_highest_mean_and_ties_go_to_the_earlier() -> None:
 
 
 def test_the_pick_is_contested_only_by_candidates_that_beat_the_seed() -> None:
-    from algorithms.gepa.select import best_combined, contenders
+    from algorithms.gepa.select import best_on_kept, contenders
 
     front = frontier(s=[1, 0, 0, 0], a=[1, 1, 0, 0], b=[0, 1, 1, 1], c=[1, 0, 0, 0], d=[1, 1, 1, 0])
     assert contenders(front, 2, "s") == ["b", "d", "s"]  # the two best means (ties to the earlier), then the seed
     assert contenders(frontier(s=[1, 1], a=[1, 0]), 2, "s") == []  # no child beat the seed: it is the pick
-    # over 4 pareto rows and 4 extra rows: d 3/4 + 1/4 = 4/8, s 1/4 + 4/4 = 5/8; a missing reward is left out
-    assert best_combined(front, {"b": [0, 0, 0, 0], "d": [1, 0, 0, 0], "s": [1, 1, 1, 1]}) == "s"
-    assert best_combined(front, {"b": [1, 1, None, None], "d": [1, 0, 0, 0], "s": [0, 0, 0, 0]}) == "b"
+    # the kept rows alone decide: the leaders were chosen on the pareto rows, so those are biased
+    assert best_on_kept(front, {"b": [0, 0, 0, 0], "d": [1, 0, 0, 0], "s": [0, 1, 1, 0]}) == "s"
+    assert best_on_kept(front, {"b": [1, 1, None, None], "d": [1, 1, 1, 0], "s": [0, 0, 0, 0]}) == "b"  # None: left out
+    # a tie on the kept rows goes to the better pareto mean (d 3/4 over the seed's 1/4), then to the earlier
+    assert best_on_kept(front, {"b": [0, 0], "d": [1, 0], "s": [0, 1]}) == "d"
+    assert best_on_kept(front, {"b": [1, 0], "d": [0, 1], "s": [0, 0]}) == "b"
 
 
 def test_add_needs_one_reward_per_row() -> None:
@@ -345,9 +348,9 @@ def test_the_pick_weighs_train_rows_kept_apart_against_a_lucky_pareto_pool(tmp_p
     assert {c: sorted(g["task_id"]) for (c,), g in kept.group_by("candidate_id")} == {
         c: sorted(apart) for c in ("c0000", "c0001", "c0002")}
     assert set(rollouts.filter(pl.col("stage") == "minibatch")["task_id"]) <= set(minibatch)
-    assert manifest["best_candidate_id"] == "c0002"  # (2 + 4) / 8 against c0001's (4 + 0) / 8
+    assert manifest["best_candidate_id"] == "c0002"  # 4 / 4 on the kept rows against c0001's 0 / 4
     select = json.loads(ev["events"].filter(pl.col("kind") == "select")["data_json"][0])
-    assert select["pareto_best"] == "c0001" and select["scores"] == {"c0001": 0.5, "c0002": 0.75, "c0000": 0.0}
+    assert select["pareto_best"] == "c0001" and select["scores"] == {"c0001": 0.0, "c0002": 1.0, "c0000": 0.0}
     assert manifest["totals"]["rollouts"] == len(optimization_rows(ev))  # the extra rows are budgeted
 
 
@@ -393,3 +396,31 @@ def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, 
     contenders = sorted(kept["candidate_id"].unique())
     assert contenders[:2] == ["c0000", "c0001"] and kept.height == 4 * len(contenders)
     assert set(kept["task_id"]) == set(apart) and "select_skipped" not in ev["events"]["kind"].to_list()
+
+
+def test_the_examples_edit_quotes_the_containers_citations_without_a_proposer_call(tmp_path, data_dir, urls,
+                                                                                  bank) -> None:
+    """`examples`: the banking77 container cites example messages for the expected and the
+    given intent of each failure; the child quotes them with their labels, never a
+    minibatch row's own message, and no proposer is called."""
+    params = {**EXACT, "edit_formats": ["examples"]}
+    with ScriptedModelThread("queue", ["(a proposer reply would be a failure of this test)"]) as proposer:
+        ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=1, params=params)
+    proposal = ev["proposals"].row(0, named=True)
+    assert (proposal["edit_format"], proposal["status"], proposal["attempts"], proposal["proposer_model"]) == (
+        "examples", "changed", 0, None)
+    assert ev["manifest"]["totals"]["proposer_calls"] == 0
+    child = json.loads(ev["candidates"].filter(pl.col("candidate_id") == proposal["child_id"])["modules_json"][0])
+    text = next(iter(child.values()))
+    assert text.startswith(bank["seed"].rstrip()) and "Examples (input -> answer):" in text
+    lines = [ln for ln in text.split("Examples (input -> answer):")[1].splitlines() if ln.strip()]
+    assert 0 < len(lines) <= EXACT["minibatch_size"]
+    minibatch = ev["rollouts"].filter(pl.col("stage") == "minibatch")
+    own = {bank["rows"][t]["text"] for t in minibatch["task_id"]}
+    cited: dict[str, set[str]] = {}
+    for raw in minibatch.filter(pl.col("reward") < 1)["answer_examples_json"]:
+        for label, texts in json.loads(raw).items():
+            cited.setdefault(label, set()).update(texts)
+    for line in lines:
+        quoted, label = line.removeprefix('- "').rsplit('" -> ', 1)
+        assert quoted in cited[label] and quoted not in own

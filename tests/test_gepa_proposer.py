@@ -316,3 +316,54 @@ def test_a_line_quoting_inputs_cited_for_another_answer_is_dropped() -> None:
     off = propose(SEED, text, "answer_guide", labels=LABELS, results=shown,
                   settings=SETTINGS.model_copy(update={"screen_cited_inputs": False}))
     assert off.dropped == {} and len(LearnedModule.parse(off.text).lines("answer_guide")) == 4
+
+
+def cited_failure(expected: str, given: str, text: str, cited: dict[str, tuple[str, ...]]) -> RolloutResult:
+    return failure(expected, given, text).model_copy(update={"answer_examples": cited})
+
+
+def test_examples_quote_the_containers_cited_inputs_expected_answers_first() -> None:
+    from algorithms.gepa.reflect import cite_examples
+
+    results = [
+        cited_failure("card_arrival", "card_delivery_estimate", "my card never came",
+                      {"card_arrival": ("my card never came", "card still not here", "where is the card I ordered"),
+                       "card_delivery_estimate": ("how long does a card take to arrive",)}),
+        RolloutResult(candidate_id="c0", task_id="train:2", reward=1.0, status="ok", output="exchange_rate",
+                      answer_examples={"exchange_rate": ("what rate do you use",)}),  # a success: not quoted
+        cited_failure("top_up_failed", "card_arrival", "my top up did not go through",
+                      {"top_up_failed": ("my top up did not go through", "top up was declined today"),
+                       "card_arrival": ("x",)}),  # too short
+    ]
+    proposal = cite_examples(SEED, results, SETTINGS)
+    assert (proposal.status, proposal.edit_format, proposal.added, proposal.prompt) == ("changed", "examples", 3, "")
+    module = LearnedModule.parse(proposal.text)
+    assert module.base == SEED
+    # never the minibatch's own messages: the child would win the very rows it is judged on
+    assert module.lines("examples") == (
+        '- "card still not here" -> card_arrival',
+        '- "top up was declined today" -> top_up_failed',
+        '- "how long does a card take to arrive" -> card_delivery_estimate',
+    )
+    # cited again: the next input the module does not quote yet, else nothing new
+    again = cite_examples(proposal.text, results[:1], SETTINGS)
+    assert LearnedModule.parse(again.text).lines("examples")[-1] == '- "where is the card I ordered" -> card_arrival'
+    assert cite_examples(again.text, results[:1], SETTINGS).status == "unchanged"
+    # a container that cites nothing gives nothing to quote
+    assert cite_examples(SEED, [failure("card_arrival", "exchange_rate")], SETTINGS).status == "unchanged"
+
+
+def test_a_full_examples_section_keeps_its_newest_lines() -> None:
+    from algorithms.gepa.reflect import cite_examples
+
+    settings = EditSettings(max_examples=4, max_new_lines=2, max_learned_lines=12, max_example_lines=3)
+    old = [f'- "old message number {i}" -> exchange_rate' for i in range(3)]
+    module = LearnedModule(base=SEED).with_lines("examples", old).render()
+    results = [cited_failure("card_arrival", "exchange_rate", "my card never came",
+                             {"card_arrival": ("card still not here",), "exchange_rate": ("what rate is it",)})]
+    lines = LearnedModule.parse(cite_examples(module, results, settings).text).lines("examples")
+    assert lines == (old[2], '- "card still not here" -> card_arrival', '- "what rate is it" -> exchange_rate')
+    # a merge keeps the examples section within its own cap
+    other = LearnedModule(base=SEED).with_lines("examples", ['- "a fourth one here" -> top_up_failed']).render()
+    assert len(LearnedModule.parse(union(module, other, cap=12, caps={"examples": 3})).lines("examples")) == 3
+    assert len(LearnedModule.parse(union(module, other, cap=12)).lines("examples")) == 4

@@ -1,7 +1,7 @@
 """What a proposer reply may change in a module, and the free screen it passes first.
 
 A module's text is its base instruction plus learned sections (`Rules learned from
-mistakes:`, `Answer guide:`), one `- ` line per learned item. Replies are parsed into
+mistakes:`, `Answer guide:`, `Examples (input -> answer):`), one `- ` line per learned item. Replies are parsed into
 lines, screened without any rollout (a cut-off last line, an answer that is not in the
 task's answer space or several at once, a line that quotes another answer's inputs, a
 line copied from an example), then appended to,
@@ -16,9 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-SECTION_HEADINGS = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:"}
+SECTION_HEADINGS = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:",
+                    "examples": "Examples (input -> answer):"}
 # `consolidate` rewrites the rules section in place; `rewrite` replaces the whole module
-SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolidate": "rules"}
+SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolidate": "rules",
+                     "examples": "examples"}
+EXAMPLE_CHARS = 240  # a cited input longer than this is not worth its share of the policy's context
 
 _FENCE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 _LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
@@ -237,6 +240,26 @@ def pick(lines: Sequence[ScreenedLine], limit: int) -> list[ScreenedLine]:
     return chosen[:limit]
 
 
+def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence[str], limit: int) -> list[str]:
+    """Up to `limit` new `- "input" -> answer` lines: for each (answer, inputs) in order, the
+    first input the container cited for it that the module does not quote yet. The pairs
+    are the container's, so no proposer can mismatch an input and its answer."""
+    seen = {line.strip().lower() for line in existing}
+    lines: list[str] = []
+    for answer, inputs in cited:
+        for text in inputs:
+            flat = " ".join(text.split())
+            line = f'- "{flat}" -> {answer.strip()}'
+            if len(_words(flat)) < CITED_MIN_WORDS or len(flat) > EXAMPLE_CHARS or line.lower() in seen:
+                continue
+            seen.add(line.lower())
+            lines.append(line)
+            break
+        if len(lines) >= limit:
+            break
+    return lines
+
+
 # ---------------------------------------------------------------- module text
 
 
@@ -282,14 +305,15 @@ class LearnedModule(BaseModel):
         return "\n\n".join(parts)
 
 
-def union(first: str, second: str, cap: int) -> str:
-    """`first` with the learned lines of `second` it lacks (each section at most `cap` lines):
-    the merge of two one-module candidates that lead on different rows."""
+def union(first: str, second: str, cap: int, caps: Mapping[str, int] | None = None) -> str:
+    """`first` with the learned lines of `second` it lacks (a section at most its `caps` entry,
+    else `cap` lines): the merge of two one-module candidates that lead on different rows."""
     a, b = LearnedModule.parse(first), LearnedModule.parse(second)
     merged = a
     for kind in SECTION_HEADINGS:
         have = list(a.lines(kind))
         known = {line.lower() for line in have}
         extra = [line for line in b.lines(kind) if line.lower() not in known]
-        merged = merged.with_lines(kind, (have + extra)[:max(cap, len(have))])
+        limit = (caps or {}).get(kind, cap)
+        merged = merged.with_lines(kind, (have + extra)[:max(limit, len(have))])
     return merged.render()

@@ -2,8 +2,8 @@
 failures (several proposer samples, screened for free), propose an edit of one target
 module, accept on minibatch improvement, then score the child on the pareto pool. Every
 `merge_every`-th iteration instead merges two frontier candidates that lead on different
-rows. The run's pick is the best pareto mean, or with `select_top` the best mean over the
-pareto pool and train rows kept apart (select.py).
+rows. The run's pick is the best pareto mean, or with `select_top` the best mean on train
+rows kept apart (select.py).
 
 With `parallel_proposals: P` > 1, P such iterations run at once over the shared frontier,
 so the model's latency is overlapped rather than paid one minibatch at a time. The first
@@ -27,8 +27,8 @@ from algorithms.gepa.edits import LearnedModule, union
 from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
-from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, request
-from algorithms.gepa.select import best_combined, combined_mean, contenders, split_train
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, cite_examples, request
+from algorithms.gepa.select import best_on_kept, contenders, kept_mean, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
@@ -52,6 +52,7 @@ class GepaParams(BaseModel):
     max_examples: int = Field(default=4, gt=0)  # reflection rows shown to the proposer, failures first
     max_new_lines: int = Field(default=4, gt=0)  # learned lines one proposal may add
     max_learned_lines: int = Field(default=12, gt=1)  # per section; a full rules section is consolidated
+    max_example_lines: int = Field(default=24, gt=0)  # the `examples` section keeps its newest lines
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
     skip_perfect_minibatch: bool = True
     use_task_info: bool = True
@@ -66,7 +67,7 @@ class GepaParams(BaseModel):
     screen_cited_inputs: bool = True
     # before the pick, the `select_top` best pareto means and the seed are also scored on
     # `select_rows` train rows kept out of every minibatch (held from the budget up front);
-    # the pick is the best mean over both (algorithms/gepa/select.py). 0: best pareto mean.
+    # the pick is the best mean on those rows (algorithms/gepa/select.py). 0: best pareto mean.
     select_top: int = Field(default=0, ge=0)
     select_rows: int = Field(default=30, gt=0)
 
@@ -80,7 +81,8 @@ class GepaParams(BaseModel):
 
     def edit_settings(self) -> EditSettings:
         return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
-                            max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs)
+                            max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs,
+                            max_example_lines=self.max_example_lines)
 
 
 class MinibatchSampler:
@@ -184,9 +186,9 @@ class GepaOptimizer:
             if isinstance(outcome, BaseException):
                 raise outcome
         extra = {c: [r.reward for r in rs] for c, rs in zip(ids, outcomes)}  # type: ignore[union-attr]
-        pick = best_combined(frontier, extra)
-        ctx.event("select", f"pick {pick} over the pareto pool and {len(rows)} train rows kept apart",
-                  pareto_best=best, scores={c: combined_mean(frontier, c, extra[c]) for c in ids})
+        pick = best_on_kept(frontier, extra)
+        ctx.event("select", f"pick {pick} on {len(rows)} train rows kept apart",
+                  pareto_best=best, scores={c: kept_mean(extra[c]) for c in ids})
         return pick
 
     def _start_loop(self, ctx: RunView, minibatch_rows: tuple[str, ...]) -> None:
@@ -335,7 +337,8 @@ class GepaOptimizer:
         merged = dict(first)
         for module in ctx.target_modules:
             field = ctx.program.field_of(module)
-            merged[field] = union(first[field], second[field], self.params.max_learned_lines)
+            merged[field] = union(first[field], second[field], self.params.max_learned_lines,
+                                  {"examples": self.params.max_example_lines})
         return merged if merged != first else None
 
     async def _merge(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],
@@ -375,6 +378,11 @@ class GepaOptimizer:
         edit_format = choose_format(current, params.edit_formats, turn, settings)
         for attempt in range(params.proposal_attempts):
             edit_format = choose_format(current, params.edit_formats, turn + attempt, settings)
+            if edit_format == "examples":  # the container's citations: no proposer call
+                proposal = cite_examples(current, results, settings)
+                if proposal.status == "changed":
+                    break
+                continue
             messages = request(current, results, edit_format, task_info, settings)
             replies: list[ChatResult] = []
             try:
@@ -410,7 +418,8 @@ class GepaOptimizer:
         status = proposal.status if proposal is not None else "error"
         fields = {
             "iteration": iteration, "parent_id": parent.candidate_id, "module": module,
-            "proposer_model": ctx.spec.proposer.model, "edit_format": edit_format, "attempts": calls,
+            "proposer_model": ctx.spec.proposer.model if calls else None, "edit_format": edit_format,
+            "attempts": calls,
             "status": status, "changed": status == "changed", "parent_minibatch_score": parent_score,
             "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "latency_s": latency,
             "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error, "proposer_scopes": scopes,

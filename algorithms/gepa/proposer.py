@@ -23,7 +23,8 @@ PROPOSER_SYSTEM = (
     "never copy one example's input or feedback."
 )
 
-EDIT_FORMATS = ("rules", "answer_guide", "rewrite")
+# `examples` needs no proposer call: it quotes inputs the container cited with their answers
+EDIT_FORMATS = ("rules", "answer_guide", "rewrite", "examples")
 
 _HIDDEN_ROW_FIELDS = frozenset({"task_id", "split", "seed", "source_row"})
 INPUT_CHARS, OUTPUT_CHARS, FEEDBACK_CHARS = 700, 300, 600

@@ -13,6 +13,7 @@ from algorithms.gepa.edits import (
     canon,
     LearnedModule,
     copies_from,
+    example_lines,
     pick,
     reply_lines,
     screen,
@@ -29,6 +30,7 @@ class EditSettings(BaseModel):
     max_new_lines: int
     max_learned_lines: int
     screen_cited_inputs: bool = True
+    max_example_lines: int = 24  # the examples section keeps its newest lines
 
 
 class Proposal(BaseModel):
@@ -122,6 +124,30 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
         text = module.with_lines(section, [*module.lines(section), *new]).render() if changed else module_text
         base["added"] = len(new)
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
+
+
+def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings) -> Proposal:
+    """The `examples` edit: inputs the container cited with their answers for the failed
+    rows (`answer_examples`) other than the minibatch's own, the expected answers' before
+    the answer the policy gave, added to the module's examples section, whose oldest lines
+    go once it is full. Unchanged when the container cites nothing new; no proposer is called."""
+    expected: list[tuple[str, tuple[str, ...]]] = []
+    given: list[tuple[str, tuple[str, ...]]] = []
+    for result in results:
+        if is_failure(result) and result.answer_examples:
+            for answer, inputs in result.answer_examples.items():
+                (given if canon(answer) == canon(result.output) else expected).append((answer, inputs))
+    # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
+    own = [" ".join(str(r.inputs or "").split()) for r in results]
+    cited = [(answer, tuple(t for t in inputs if " ".join(t.split()) not in own)) for answer, inputs in expected + given]
+    module = LearnedModule.parse(module_text)
+    have = list(module.lines("examples"))
+    new = example_lines(cited, module.all_lines(), settings.max_new_lines)
+    base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new))
+    if not new:
+        return Proposal(text=module_text, status="unchanged", **base)
+    kept = [*have, *new][-settings.max_example_lines:]
+    return Proposal(text=module.with_lines("examples", kept).render(), status="changed", **base)
 
 
 def _cited(shown: Sequence[RolloutResult]) -> dict[str, list[str]]:

@@ -2,8 +2,10 @@
 each edit of a small policy's prompt flips about a fifth of its answers either way, so the
 leader of 30 rows is often a candidate that drew well. With `select_top` > 0 the pool's
 leaders that beat the seed there, and the seed, are also scored on train rows that no
-minibatch uses, and the pick is the best mean over both; the seed among them lets a run
-keep it when no child holds up."""
+minibatch uses, and the best mean on those rows is the pick (the pareto mean breaks ties).
+Those rows alone are unbiased: the leaders were chosen for their pareto means, so adding
+the pareto rows back favours the luckiest again. The seed among them lets a run keep it
+when no child holds up."""
 
 from __future__ import annotations
 
@@ -34,14 +36,14 @@ def contenders(frontier: ParetoFrontier, top: int, seed_id: str) -> list[str]:
     return [*ranked, seed_id] if ranked and seed_id in frontier.scores else ranked
 
 
-def combined_mean(frontier: ParetoFrontier, candidate_id: str, extra: list[float | None]) -> float | None:
-    """Mean over the pareto rows and the extra rows that have a reward (missing evidence is
-    left out, never a zero)."""
-    rewards = [r for r in [*frontier.scores[candidate_id], *extra] if r is not None]
+def kept_mean(extra: list[float | None]) -> float | None:
+    """Mean over the kept rows that have a reward (missing evidence is left out, never a zero)."""
+    rewards = [r for r in extra if r is not None]
     return sum(rewards) / len(rewards) if rewards else None
 
 
-def best_combined(frontier: ParetoFrontier, extra: dict[str, list[float | None]]) -> str:
-    """The contender with the best combined mean; ties go to the earlier candidate."""
+def best_on_kept(frontier: ParetoFrontier, extra: dict[str, list[float | None]]) -> str:
+    """The contender with the best mean on the kept rows; ties go to the better pareto mean,
+    then to the earlier candidate."""
     order = list(frontier.scores)
-    return max(extra, key=lambda c: (or_low(combined_mean(frontier, c, extra[c])), -order.index(c)))
+    return max(extra, key=lambda c: (or_low(kept_mean(extra[c])), or_low(frontier.mean(c)), -order.index(c)))
