@@ -1,11 +1,11 @@
 """What a proposer reply may change in a module, and the free screen it passes first.
 
 A module's text is its base instruction plus learned sections (`Rules learned from
-mistakes:`, `Answer guide:`, `Examples (input -> answer):`), one `- ` line per learned item. Replies are parsed into
-lines, screened without any rollout (a cut-off last line, an answer that is not in the
-task's answer space or several at once, a line that quotes another answer's inputs, a
-line copied from an example), then appended to,
-or (consolidation) substituted for, a section. Keeping edits at line level keeps small
+mistakes:`, `Answer guide:`, `Examples (input -> answer):`), one `- ` line per learned
+item. Replies are parsed into lines, screened without any rollout (a cut-off last line, an
+answer that is not in the task's answer space or several at once, a line that quotes
+another answer's inputs, a line copied from an example), then appended to, or
+(consolidation) substituted for, a section. Keeping edits at line level keeps small
 proposers useful and prompt growth bounded.
 """
 
