@@ -401,9 +401,8 @@ def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, 
 def test_the_examples_edit_quotes_the_containers_citations_without_a_proposer_call(tmp_path, data_dir, urls,
                                                                                   bank) -> None:
     """`examples`: the banking77 container cites example messages for the expected and the
-    given intent of each failure, on the minibatch and on the pareto pool the parent was
-    already scored on; the child quotes them with their labels, one line per label, never a
-    row's own message, and no proposer is called."""
+    given intent of each failure; the child quotes them with their labels, never a
+    minibatch row's own message, and no proposer is called."""
     params = {**EXACT, "edit_formats": ["examples"]}
     with ScriptedModelThread("queue", ["(a proposer reply would be a failure of this test)"]) as proposer:
         ev = run_queue(tmp_path, data_dir, urls, proposer, bank, max_generations=1, params=params)
@@ -415,20 +414,13 @@ def test_the_examples_edit_quotes_the_containers_citations_without_a_proposer_ca
     text = next(iter(child.values()))
     assert text.startswith(bank["seed"].rstrip()) and "Examples (input -> answer):" in text
     lines = [ln for ln in text.split("Examples (input -> answer):")[1].splitlines() if ln.strip()]
-    assert 0 < len(lines) <= 12  # max_new_examples
-    # the parent's (the seed's) rows: its minibatch, and the pareto pool it was scored on as the seed
-    parent = ev["rollouts"].filter((pl.col("candidate_id") == proposal["parent_id"])
-                                   & pl.col("stage").is_in(["minibatch", "seed"]))
-    own = {bank["rows"][t]["text"] for t in parent["task_id"]}
-    cited: dict[str, dict[str, set[str]]] = {"minibatch": {}, "seed": {}}
-    for stage, raw in parent.filter(pl.col("reward") < 1).select("stage", "answer_examples_json").iter_rows():
+    assert 0 < len(lines) <= EXACT["minibatch_size"]
+    minibatch = ev["rollouts"].filter(pl.col("stage") == "minibatch")
+    own = {bank["rows"][t]["text"] for t in minibatch["task_id"]}
+    cited: dict[str, set[str]] = {}
+    for raw in minibatch.filter(pl.col("reward") < 1)["answer_examples_json"]:
         for label, texts in json.loads(raw).items():
-            cited[stage].setdefault(label, set()).update(texts)
-    labels = [line.rsplit('" -> ', 1)[1] for line in lines]
-    assert len(set(labels)) == len(labels)
-    # the pareto pool's failures are cited too: more labels than the minibatch's failures name
-    assert set(labels) - set(cited["minibatch"])
+            cited.setdefault(label, set()).update(texts)
     for line in lines:
         quoted, label = line.removeprefix('- "').rsplit('" -> ', 1)
-        assert quoted in cited["minibatch"].get(label, set()) | cited["seed"].get(label, set())
-        assert quoted not in own
+        assert quoted in cited[label] and quoted not in own

@@ -353,42 +353,6 @@ def test_examples_quote_the_containers_cited_inputs_expected_answers_first() -> 
     assert cite_examples(SEED, [failure("card_arrival", "exchange_rate")], SETTINGS).status == "unchanged"
 
 
-def test_examples_also_cite_the_pareto_failures_one_line_per_answer_unquoted_answers_first() -> None:
-    from algorithms.gepa.reflect import cite_examples
-
-    module = LearnedModule(base=SEED).with_lines("examples", ['- "card still not here" -> card_arrival']).render()
-    minibatch = [cited_failure("card_arrival", "exchange_rate", "my card never came",
-                               {"card_arrival": ("my card never came", "where is the card I ordered"),
-                                "exchange_rate": ("what rate do you use today",)})]
-    pareto = [
-        cited_failure("top_up_failed", "card_arrival", "top up got declined again",
-                      {"top_up_failed": ("top up was declined today", "top up got declined again"),
-                       "card_arrival": ("has my new card shipped yet",)}),
-        cited_failure("top_up_failed", "exchange_rate", "why did my top up fail",
-                      {"top_up_failed": ("top up was declined today", "my top up did not work"),
-                       "exchange_rate": ("what rate do you use today",)}),
-        # a pareto row's own message, cited under its label elsewhere: never quoted
-        cited_failure("refund_not_showing_up", "card_arrival", "refund still missing from my account",
-                      {"refund_not_showing_up": ("refund still missing from my account",)}),
-    ]
-    proposal = cite_examples(module, minibatch, SETTINGS, pareto)
-    # answers without a quoted input first (expected before given, minibatch before pareto),
-    # one line each; card_arrival, already quoted, comes last
-    assert LearnedModule.parse(proposal.text).lines("examples")[1:] == (
-        '- "top up was declined today" -> top_up_failed',
-        '- "what rate do you use today" -> exchange_rate',
-        '- "where is the card I ordered" -> card_arrival',
-    )
-    assert proposal.added == 3
-    # with the minibatch alone, the pareto pool's answers are not cited
-    alone = cite_examples(module, minibatch, SETTINGS)
-    assert [line.rsplit("-> ", 1)[1] for line in LearnedModule.parse(alone.text).lines("examples")[1:]] == [
-        "exchange_rate", "card_arrival"]
-    # the per-edit cap
-    capped = cite_examples(module, minibatch, SETTINGS.model_copy(update={"max_new_examples": 1}), pareto)
-    assert LearnedModule.parse(capped.text).lines("examples")[1:] == ('- "top up was declined today" -> top_up_failed',)
-
-
 def test_a_full_examples_section_keeps_its_newest_lines() -> None:
     from algorithms.gepa.reflect import cite_examples
 

@@ -240,28 +240,19 @@ def pick(lines: Sequence[ScreenedLine], limit: int) -> list[ScreenedLine]:
     return chosen[:limit]
 
 
-def flat(text: str) -> str:
-    """`text` on one line, runs of whitespace as one space."""
-    return " ".join(text.split())
-
-
 def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence[str], limit: int) -> list[str]:
-    """Up to `limit` new `- "input" -> answer` lines, at most one per answer: for each
-    (answer, inputs) in order, the first input the container cited for it that the module
-    does not quote yet. The pairs are the container's, so no proposer can mismatch an
-    input and its answer."""
+    """Up to `limit` new `- "input" -> answer` lines: for each (answer, inputs) in order, the
+    first input the container cited for it that the module does not quote yet. The pairs
+    are the container's, so no proposer can mismatch an input and its answer."""
     seen = {line.strip().lower() for line in existing}
-    answered: set[str] = set()
     lines: list[str] = []
     for answer, inputs in cited:
-        if canon(answer) in answered:
-            continue
         for text in inputs:
-            line = f'- "{flat(text)}" -> {answer.strip()}'
-            if len(_words(text)) < CITED_MIN_WORDS or len(flat(text)) > EXAMPLE_CHARS or line.lower() in seen:
+            flat = " ".join(text.split())
+            line = f'- "{flat}" -> {answer.strip()}'
+            if len(_words(flat)) < CITED_MIN_WORDS or len(flat) > EXAMPLE_CHARS or line.lower() in seen:
                 continue
             seen.add(line.lower())
-            answered.add(canon(answer))
             lines.append(line)
             break
         if len(lines) >= limit:

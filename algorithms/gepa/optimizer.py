@@ -52,11 +52,7 @@ class GepaParams(BaseModel):
     max_examples: int = Field(default=4, gt=0)  # reflection rows shown to the proposer, failures first
     max_new_lines: int = Field(default=4, gt=0)  # learned lines one proposal may add
     max_learned_lines: int = Field(default=12, gt=1)  # per section; a full rules section is consolidated
-    max_example_lines: int = Field(default=48, gt=0)  # the `examples` section keeps its newest lines
-    max_new_examples: int = Field(default=12, gt=0)  # lines one `examples` edit may add
-    # the `examples` edit also quotes citations for the parent's failures on the pareto pool
-    # (already scored: no rollout), not only its minibatch's few
-    examples_from_pareto: bool = True
+    max_example_lines: int = Field(default=24, gt=0)  # the `examples` section keeps its newest lines
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
     skip_perfect_minibatch: bool = True
     use_task_info: bool = True
@@ -86,7 +82,7 @@ class GepaParams(BaseModel):
     def edit_settings(self) -> EditSettings:
         return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
                             max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs,
-                            max_example_lines=self.max_example_lines, max_new_examples=self.max_new_examples)
+                            max_example_lines=self.max_example_lines)
 
 
 class MinibatchSampler:
@@ -276,10 +272,7 @@ class GepaOptimizer:
             ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
             return
         module, turn = self._rotation.next(iteration)
-        pareto = list(ctx.pools.pareto)
-        scored = await ctx.evaluate(parent, pareto, "pareto") \
-            if self.params.examples_from_pareto and not ctx.uncached(parent, pareto) else []  # cached: no rollout
-        child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score, scored)
+        child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, [parent_score], "proposal")
 
@@ -369,7 +362,7 @@ class GepaOptimizer:
 
     async def _propose(
         self, ctx: RunView, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
-        iteration: int, parent_score: float | None, pareto_results: list[RolloutResult],
+        iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
         params = self.params
         field = ctx.program.field_of(module)
@@ -386,7 +379,7 @@ class GepaOptimizer:
         for attempt in range(params.proposal_attempts):
             edit_format = choose_format(current, params.edit_formats, turn + attempt, settings)
             if edit_format == "examples":  # the container's citations: no proposer call
-                proposal = cite_examples(current, results, settings, pareto_results)
+                proposal = cite_examples(current, results, settings)
                 if proposal.status == "changed":
                     break
                 continue

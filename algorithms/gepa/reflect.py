@@ -14,7 +14,6 @@ from algorithms.gepa.edits import (
     LearnedModule,
     copies_from,
     example_lines,
-    flat,
     pick,
     reply_lines,
     screen,
@@ -31,8 +30,7 @@ class EditSettings(BaseModel):
     max_new_lines: int
     max_learned_lines: int
     screen_cited_inputs: bool = True
-    max_example_lines: int = 48  # the examples section keeps its newest lines
-    max_new_examples: int = 12  # lines one `examples` edit may add
+    max_example_lines: int = 24  # the examples section keeps its newest lines
 
 
 class Proposal(BaseModel):
@@ -128,26 +126,23 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
 
 
-def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings,
-                  pareto: Sequence[RolloutResult] = ()) -> Proposal:
-    """The `examples` edit: inputs the container cited with their answers (`answer_examples`)
-    for the parent's failed rows (the expected answers before the answers the policy gave,
-    the minibatch's before the `pareto` pool's), added to the module's examples
-    section, whose oldest lines go once it is full. Answers the module quotes no input for
-    come first, one new line per answer. No row's own input is ever quoted: a child quoting
-    the rows it is judged on would win them without learning anything. Unchanged when the
-    container cites nothing new; no proposer is called."""
-    sources = [*results, *pareto]
-    failed = [r for r in sources if is_failure(r) and r.answer_examples]
-    expected = [(a, xs) for r in failed for a, xs in r.answer_examples.items() if canon(a) != canon(r.output)]
-    given = [(a, xs) for r in failed for a, xs in r.answer_examples.items() if canon(a) == canon(r.output)]
-    own = {flat(str(r.inputs or "")) for r in sources}
+def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings) -> Proposal:
+    """The `examples` edit: inputs the container cited with their answers for the failed
+    rows (`answer_examples`) other than the minibatch's own, the expected answers' before
+    the answer the policy gave, added to the module's examples section, whose oldest lines
+    go once it is full. Unchanged when the container cites nothing new; no proposer is called."""
+    expected: list[tuple[str, tuple[str, ...]]] = []
+    given: list[tuple[str, tuple[str, ...]]] = []
+    for result in results:
+        if is_failure(result) and result.answer_examples:
+            for answer, inputs in result.answer_examples.items():
+                (given if canon(answer) == canon(result.output) else expected).append((answer, inputs))
+    # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
+    own = [" ".join(str(r.inputs or "").split()) for r in results]
+    cited = [(answer, tuple(t for t in inputs if " ".join(t.split()) not in own)) for answer, inputs in expected + given]
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
-    quoted = {canon(line.rsplit("->", 1)[-1]) for line in have}
-    cited = [(answer, tuple(t for t in inputs if flat(t) not in own)) for answer, inputs in expected + given]
-    cited.sort(key=lambda pair: canon(pair[0]) in quoted)  # stable: new answers first, order kept
-    new = example_lines(cited, module.all_lines(), settings.max_new_examples)
+    new = example_lines(cited, module.all_lines(), settings.max_new_lines)
     base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new))
     if not new:
         return Proposal(text=module_text, status="unchanged", **base)
