@@ -76,11 +76,11 @@ def test_the_pick_is_contested_only_by_candidates_that_beat_the_seed() -> None:
     assert contenders(front, 2, "s") == ["b", "d", "s"]  # the two best means (ties to the earlier), then the seed
     assert contenders(frontier(s=[1, 1], a=[1, 0]), 2, "s") == []  # no child beat the seed: it is the pick
     # the kept rows alone decide: the leaders were chosen on the pareto rows, so those are biased
-    assert best_on_kept(front, {"b": [0, 0, 0, 0], "d": [1, 0, 0, 0], "s": [0, 1, 1, 0]}) == "s"
-    assert best_on_kept(front, {"b": [1, 1, None, None], "d": [1, 1, 1, 0], "s": [0, 0, 0, 0]}) == "b"  # None: left out
+    assert best_on_kept(front, {"b": 0.0, "d": 0.25, "s": 0.5}) == "s"
+    assert best_on_kept(front, {"b": None, "d": 0.0, "s": 0.25}) == "s"  # no reward on the kept rows: last
     # a tie on the kept rows goes to the better pareto mean (d 3/4 over the seed's 1/4), then to the earlier
-    assert best_on_kept(front, {"b": [0, 0], "d": [1, 0], "s": [0, 1]}) == "d"
-    assert best_on_kept(front, {"b": [1, 0], "d": [0, 1], "s": [0, 0]}) == "b"
+    assert best_on_kept(front, {"b": 0.0, "d": 0.5, "s": 0.5}) == "d"
+    assert best_on_kept(front, {"b": 0.5, "d": 0.5, "s": 0.0}) == "b"
 
 
 def test_add_needs_one_reward_per_row() -> None:

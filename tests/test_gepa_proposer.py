@@ -17,7 +17,7 @@ from harness.candidates import RolloutResult
 from harness.llm import ChatResult
 
 SEED = "Classify the message.\nReply with the label only."
-SETTINGS = EditSettings(max_examples=4, max_new_lines=4, max_learned_lines=12)
+SETTINGS = GepaParams().edit_settings()
 LABELS = ["card_arrival", "card_delivery_estimate", "exchange_rate", "top_up_failed", "refund_not_showing_up"]
 
 
@@ -174,10 +174,10 @@ def test_union_merges_learned_lines_of_two_candidates() -> None:
     one = LearnedModule(base=SEED).with_lines("rules", ["- a rule about cards"]).render()
     two = LearnedModule(base=SEED).with_lines("rules", ["- a rule about rates", "- a rule about cards"]) \
         .with_lines("answer_guide", ["- exchange_rate: rates"]).render()
-    merged = LearnedModule.parse(union(one, two, cap=12))
+    merged = LearnedModule.parse(union(one, two, SETTINGS.section_caps))
     assert merged.lines("rules") == ("- a rule about cards", "- a rule about rates")
     assert merged.lines("answer_guide") == ("- exchange_rate: rates",)
-    assert union(one, one, cap=12) == one
+    assert union(one, one, SETTINGS.section_caps) == one
 
 
 def test_named_labels_reads_backticks_snake_case_and_the_word_after_answer() -> None:
@@ -356,7 +356,7 @@ def test_examples_quote_the_containers_cited_inputs_expected_answers_first() -> 
 def test_a_full_examples_section_keeps_its_newest_lines() -> None:
     from algorithms.gepa.reflect import cite_examples
 
-    settings = EditSettings(max_examples=4, max_new_lines=2, max_learned_lines=12, max_example_lines=3)
+    settings = GepaParams(max_new_lines=2, max_example_lines=3).edit_settings()
     old = [f'- "old message number {i}" -> exchange_rate' for i in range(3)]
     module = LearnedModule(base=SEED).with_lines("examples", old).render()
     results = [cited_failure("card_arrival", "exchange_rate", "my card never came",
@@ -365,5 +365,5 @@ def test_a_full_examples_section_keeps_its_newest_lines() -> None:
     assert lines == (old[2], '- "card still not here" -> card_arrival', '- "what rate is it" -> exchange_rate')
     # a merge keeps the examples section within its own cap
     other = LearnedModule(base=SEED).with_lines("examples", ['- "a fourth one here" -> top_up_failed']).render()
-    assert len(LearnedModule.parse(union(module, other, cap=12, caps={"examples": 3})).lines("examples")) == 3
-    assert len(LearnedModule.parse(union(module, other, cap=12)).lines("examples")) == 4
+    assert len(LearnedModule.parse(union(module, other, settings.section_caps)).lines("examples")) == 3
+    assert len(LearnedModule.parse(union(module, other, SETTINGS.section_caps)).lines("examples")) == 4

@@ -138,7 +138,8 @@ def test_policy_with_labels_before_the_message(rules_server: ScriptedModelServer
 def test_proposer_understands_the_optimizers_prompt(rules_server: ScriptedModelServer) -> None:
     # the real GEPA proposer prompt (JSON rows with the label, Reward lines) and reply parsing
     from algorithms.gepa.proposer import build_messages
-    from algorithms.gepa.reflect import EditSettings, apply
+    from algorithms.gepa.optimizer import GepaParams
+    from algorithms.gepa.reflect import apply
     from harness.candidates import RolloutResult
 
     seed = "You are a banking intent classifier. Reply with the label only."
@@ -152,7 +153,7 @@ def test_proposer_understands_the_optimizers_prompt(rules_server: ScriptedModelS
     for edit_format in ("rules", "rewrite"):
         messages = build_messages(seed, examples, edit_format, {"description": "banking77"})
         result = chat(rules_server.base_url, messages[0].content, messages[1].content)
-        settings = EditSettings(max_examples=4, max_new_lines=4, max_learned_lines=12)
+        settings = GepaParams().edit_settings()
         proposal = apply(seed, messages, [result], edit_format, examples, None, settings)
         assert proposal.status == "changed"
         assert rules_in(proposal.text) == [("exchange", "exchange_rate")]

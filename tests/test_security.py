@@ -33,7 +33,8 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 import benchmarks.containers.kit as kit
-from algorithms.gepa.reflect import EditSettings, apply
+from algorithms.gepa.optimizer import GepaParams
+from algorithms.gepa.reflect import apply
 from harness.llm import ChatResult
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from benchmarks.containers.chaos import Chaos, FaultPlan
@@ -278,7 +279,7 @@ def test_hostile_proposer_output_round_trips_byte_exactly(data_dir, tmp_path, ba
     hostile = hostile_text(canaries)
     reply = f"Here is the new instruction:\n```\n{hostile}\n```\n"
     parsed = apply(SEED_SYSTEM, [], [ChatResult(text=reply, prompt_tokens=0, completion_tokens=0, latency_s=0.0)],
-                   "rewrite", [], None, EditSettings(max_examples=4, max_new_lines=4, max_learned_lines=12))
+                   "rewrite", [], None, GepaParams().edit_settings())
     assert parsed.text == hostile  # the reply parser keeps it whole
     container_seen: list[dict[str, Any]] = []
     policy_seen: list[dict[str, Any]] = []

@@ -240,6 +240,11 @@ def pick(lines: Sequence[ScreenedLine], limit: int) -> list[ScreenedLine]:
     return chosen[:limit]
 
 
+def flat(text: str) -> str:
+    """`text` on one line, each run of whitespace one space."""
+    return " ".join(text.split())
+
+
 def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence[str], limit: int) -> list[str]:
     """Up to `limit` new `- "input" -> answer` lines: for each (answer, inputs) in order, the
     first input the container cited for it that the module does not quote yet. The pairs
@@ -248,9 +253,9 @@ def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence
     lines: list[str] = []
     for answer, inputs in cited:
         for text in inputs:
-            flat = " ".join(text.split())
-            line = f'- "{flat}" -> {answer.strip()}'
-            if len(_words(flat)) < CITED_MIN_WORDS or len(flat) > EXAMPLE_CHARS or line.lower() in seen:
+            one_line = flat(text)
+            line = f'- "{one_line}" -> {answer.strip()}'
+            if len(_words(one_line)) < CITED_MIN_WORDS or len(one_line) > EXAMPLE_CHARS or line.lower() in seen:
                 continue
             seen.add(line.lower())
             lines.append(line)
@@ -305,15 +310,14 @@ class LearnedModule(BaseModel):
         return "\n\n".join(parts)
 
 
-def union(first: str, second: str, cap: int, caps: Mapping[str, int] | None = None) -> str:
-    """`first` with the learned lines of `second` it lacks (a section at most its `caps` entry,
-    else `cap` lines): the merge of two one-module candidates that lead on different rows."""
+def union(first: str, second: str, caps: Mapping[str, int]) -> str:
+    """`first` with the learned lines of `second` it lacks (a section at most its `caps`
+    entry): the merge of two one-module candidates that lead on different rows."""
     a, b = LearnedModule.parse(first), LearnedModule.parse(second)
     merged = a
     for kind in SECTION_HEADINGS:
         have = list(a.lines(kind))
         known = {line.lower() for line in have}
         extra = [line for line in b.lines(kind) if line.lower() not in known]
-        limit = (caps or {}).get(kind, cap)
-        merged = merged.with_lines(kind, (have + extra)[:max(limit, len(have))])
+        merged = merged.with_lines(kind, (have + extra)[:max(caps[kind], len(have))])
     return merged.render()

@@ -28,7 +28,7 @@ from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, cite_examples, request
-from algorithms.gepa.select import best_on_kept, contenders, kept_mean, split_train
+from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
@@ -185,10 +185,10 @@ class GepaOptimizer:
                 return best
             if isinstance(outcome, BaseException):
                 raise outcome
-        extra = {c: [r.reward for r in rs] for c, rs in zip(ids, outcomes)}  # type: ignore[union-attr]
-        pick = best_on_kept(frontier, extra)
+        kept_means = {c: mean_reward(rs) for c, rs in zip(ids, outcomes)}  # type: ignore[arg-type]
+        pick = best_on_kept(frontier, kept_means)
         ctx.event("select", f"pick {pick} on {len(rows)} train rows kept apart",
-                  pareto_best=best, scores={c: kept_mean(extra[c]) for c in ids})
+                  pareto_best=best, scores=kept_means)
         return pick
 
     def _start_loop(self, ctx: RunView, minibatch_rows: tuple[str, ...]) -> None:
@@ -335,10 +335,10 @@ class GepaOptimizer:
         """The union of learned lines of `b` into `a`, per target module; None when it adds nothing."""
         first, second = ctx.candidate(a).texts, ctx.candidate(b).texts
         merged = dict(first)
+        caps = self.params.edit_settings().section_caps
         for module in ctx.target_modules:
             field = ctx.program.field_of(module)
-            merged[field] = union(first[field], second[field], self.params.max_learned_lines,
-                                  {"examples": self.params.max_example_lines})
+            merged[field] = union(first[field], second[field], caps)
         return merged if merged != first else None
 
     async def _merge(self, ctx: RunView, frontier: ParetoFrontier, iteration: int, parents: list[Candidate],

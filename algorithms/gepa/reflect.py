@@ -9,11 +9,13 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from algorithms.gepa.edits import (
+    SECTION_HEADINGS,
     SECTION_OF_FORMAT,
     canon,
     LearnedModule,
     copies_from,
     example_lines,
+    flat,
     pick,
     reply_lines,
     screen,
@@ -29,8 +31,14 @@ class EditSettings(BaseModel):
     max_examples: int
     max_new_lines: int
     max_learned_lines: int
-    screen_cited_inputs: bool = True
-    max_example_lines: int = 24  # the examples section keeps its newest lines
+    screen_cited_inputs: bool
+    max_example_lines: int
+
+    @property
+    def section_caps(self) -> dict[str, int]:
+        """Lines each learned section keeps at most."""
+        return {kind: self.max_example_lines if kind == "examples" else self.max_learned_lines
+                for kind in SECTION_HEADINGS}
 
 
 class Proposal(BaseModel):
@@ -138,8 +146,8 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
             for answer, inputs in result.answer_examples.items():
                 (given if canon(answer) == canon(result.output) else expected).append((answer, inputs))
     # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
-    own = [" ".join(str(r.inputs or "").split()) for r in results]
-    cited = [(answer, tuple(t for t in inputs if " ".join(t.split()) not in own)) for answer, inputs in expected + given]
+    own = {flat(str(r.inputs or "")) for r in results}
+    cited = [(answer, tuple(t for t in inputs if flat(t) not in own)) for answer, inputs in expected + given]
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
     new = example_lines(cited, module.all_lines(), settings.max_new_lines)

@@ -36,14 +36,8 @@ def contenders(frontier: ParetoFrontier, top: int, seed_id: str) -> list[str]:
     return [*ranked, seed_id] if ranked and seed_id in frontier.scores else ranked
 
 
-def kept_mean(extra: list[float | None]) -> float | None:
-    """Mean over the kept rows that have a reward (missing evidence is left out, never a zero)."""
-    rewards = [r for r in extra if r is not None]
-    return sum(rewards) / len(rewards) if rewards else None
-
-
-def best_on_kept(frontier: ParetoFrontier, extra: dict[str, list[float | None]]) -> str:
-    """The contender with the best mean on the kept rows; ties go to the better pareto mean,
-    then to the earlier candidate."""
+def best_on_kept(frontier: ParetoFrontier, kept_means: dict[str, float | None]) -> str:
+    """The contender with the best mean on the kept rows (one without any reward there comes
+    last); ties go to the better pareto mean, then to the earlier candidate."""
     order = list(frontier.scores)
-    return max(extra, key=lambda c: (or_low(kept_mean(extra[c])), or_low(frontier.mean(c)), -order.index(c)))
+    return max(kept_means, key=lambda c: (or_low(kept_means[c]), or_low(frontier.mean(c)), -order.index(c)))

@@ -122,6 +122,11 @@ class Banking77(SingleCallContainer):
         match = difflib.get_close_matches(canon, list(self._by_canon), n=1, cutoff=0.5)
         return self._by_canon[match[0]] if match else None
 
+    def label_named(self, answer: str) -> str | None:
+        """The label an answer names in any spelling; None for an answer that is no label."""
+        self.labels()
+        return self._by_canon.get(_canon(normalize_label(answer)))
+
     def program(self) -> ProgramResponse:
         return ProgramResponse(
             version=PROGRAM_VERSION,
@@ -158,9 +163,9 @@ class Banking77(SingleCallContainer):
             return 0.0, (f"Wrong format: the intent `{expected}` is right but the answer was `{shown}`; "
                          "reply with the label exactly as listed and nothing else.")
         feedback = f"Wrong: expected intent `{expected}`{self._like(expected)}, the answer was `{shown}`"
-        self.labels()
-        if _canon(given) in self._by_canon:
-            return 0.0, feedback + f", which is for other messages{self._like(self.nearest_label(given) or given)}."
+        named = self.label_named(answer)
+        if named:
+            return 0.0, feedback + f", which is for other messages{self._like(named)}."
         nearest = self.nearest_label(given)
         hint = f" The nearest valid label is `{nearest}`." if nearest else ""
         return 0.0, feedback + f". `{given}` is not one of the 77 intent labels.{hint} Answer with a label from the list exactly."
@@ -174,8 +179,7 @@ class Banking77(SingleCallContainer):
         if answer == expected.strip():
             return cited
         cited[expected] += self.examples(expected)
-        self.labels()
-        given = self._by_canon.get(_canon(normalize_label(answer))) if answer else None
+        given = self.label_named(answer) if answer else None
         if given and given != expected:
             cited[given] = list(self.examples(given))
         return {label: texts for label, texts in cited.items() if texts}
