@@ -69,6 +69,18 @@ def test_best_is_highest_mean_and_ties_go_to_the_earlier() -> None:
     assert frontier(a=[0.25, 0.75]).mean("a") == 0.5
 
 
+def test_a_mean_leaves_rewardless_rows_out_never_counting_them_as_zero() -> None:
+    from harness.candidates import RolloutResult, mean_reward
+
+    def row(reward: float | None) -> RolloutResult:
+        return RolloutResult(candidate_id="c0", task_id="train:1", reward=reward,
+                             status="ok" if reward is not None else "error", output="")
+
+    assert mean_reward([row(1.0), row(1.0), row(None), row(None)]) == 1.0
+    assert mean_reward([row(1.0), row(0.0), row(None)]) == 0.5
+    assert mean_reward([row(None)]) is None and mean_reward([]) is None
+
+
 def test_the_pick_is_contested_only_by_candidates_that_beat_the_seed() -> None:
     from algorithms.gepa.select import best_on_kept, contenders
 
