@@ -21,7 +21,8 @@ from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.charts import MARKED_RUNS, build_charts
 from harness.evidence.configs import config_labels, run_config
-from benchmarks.report.style import STABLE_RC, integer_ticks, lift_limit, palette, save
+from benchmarks.report.style import (SHARED_NOISE_LABEL, STABLE_RC, figure, figure_legend, integer_ticks, lift_limit,
+                                     noise_band, palette, save)
 from conftest import container_spec, run_cli
 from faults import small_spec
 from harness.evidence.writer import EvidenceLocation
@@ -261,6 +262,23 @@ def test_every_chart_takes_one_colour_per_stack_from_one_palette(tmp_path: Path)
         drawn = {label: colour for label, colour in legend_colours(fig).items() if label in colours}
         assert drawn == {label: colours[label] for label in drawn}, name
         assert len(drawn) >= 2, name  # the stacks really are in the legend
+
+
+def test_a_figure_of_several_panels_has_one_key(tmp_path: Path) -> None:
+    """Panels share one legend (a label has one colour in the whole report); bands of seed noise
+    that differ between panels become one entry, their widths being in the panels' titles."""
+    figures = build_charts(compute_report(str(_mixed_folder(tmp_path))))
+    coverage = figures["coverage"]
+    assert len(coverage.legends) == 1 and all(ax.get_legend() is None for ax in coverage.axes)
+    (ax,) = [a for a in figures["same_container"].axes if a.get_visible()]
+    assert ax.get_legend() is not None and not figures["same_container"].legends  # one panel keeps its own
+    fig, axes = figure(2, ncols=2)
+    for ax, half in zip(axes, (0.05, 0.1)):
+        noise_band(ax, half, 3)
+        ax.plot([0, 1], [0, 0], color="#1f77b4", label="gepa")
+    figure_legend(fig, axes)
+    (key,) = fig.legends
+    assert [t.get_text() for t in key.get_texts()] == ["gepa", SHARED_NOISE_LABEL]
 
 
 def test_a_cell_is_one_line_and_markers_go_past_a_dozen_runs(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def coverage_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
                    ylabel=f"{split} rows solved by any of them (count)")
             style.title(ax, sentence(frames.conclusions, task, "coverage") if split == "heldout"
                         else f"{task}: train rows solved (of {most:g} rows per run at most)")
-            style.legend(ax, "lower right")
+    style.figure_legend(fig, axes, "lower right")
     style.suptitle(fig, "Rows solved by any of the first K candidates")
     return fig
 
@@ -94,7 +94,7 @@ def best_figure(frames: ReportFrames, colours: dict[str, str], x_name: str, xlab
             style.count_axis(ax, "x", 0, float(data["x"].max() or 0))  # type: ignore[arg-type]
         ax.set_xlabel(xlabel)
         style.title(ax, sentence(frames.conclusions, task, "best"))
-        style.legend(ax)
+    style.figure_legend(fig, axes)
     style.suptitle(fig, f"Best candidate on heldout so far, against its own seed, by {xlabel.split(' (')[0]}")
     return fig
 
@@ -161,7 +161,7 @@ def proposer_figure(frames: ReportFrames, colours: dict[str, str]) -> Figure:
         style.lift_axis(ax, drawn, PICK_LIFT)
         ax.set_xlabel("proposer model (dots: single runs)")
         style.title(ax, sentence(frames.conclusions, task, "lift"))
-        style.legend(ax)
+    style.figure_legend(fig, axes)
     style.suptitle(fig, f"Proposer scaling: each run's pick against its own seed ({_ci_note(frames.summary)})")
     return fig
 
@@ -185,7 +185,7 @@ def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figu
         ax.set_xlim(-0.6, len(rows) - 0.4)
         style.lift_axis(ax, drawn, PICK_LIFT)
         style.title(ax, sentence(frames.conclusions, task, "lift"))
-        style.legend(ax)
+    style.figure_legend(fig, axes)
     style.suptitle(fig, f"Same container: each run's pick against its own seed ({_ci_note(frames.summary, 'bars')}; "
                         "dots: runs)")
     return fig
