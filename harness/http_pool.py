@@ -44,6 +44,10 @@ class ClientPerCall:
         self._all.append(http)
         return http
 
+    def __len__(self) -> int:
+        """Clients opened so far: the most calls that were in flight at once."""
+        return len(self._all)
+
     async def aclose(self) -> None:
         await asyncio.gather(*(http.aclose() for http in self._all))
         self._all.clear()

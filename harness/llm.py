@@ -48,7 +48,7 @@ class ChatClient:
         api_key_env: str | None = None,
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | ClientPerCall | None = None,
         gate: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
@@ -56,9 +56,10 @@ class ChatClient:
         self.api_key_env = api_key_env
         self.retry = retry or RetryPolicy()
         # without a caller's client, one single-connection client per call in flight: httpx's
-        # shared pool costs more per request the more requests wait in it (http_pool.py)
-        self._client = client
-        self._pool = ClientPerCall(timeout_s) if client is None else None
+        # shared pool costs more per request the more requests wait in it (http_pool.py);
+        # a caller's ClientPerCall shares those clients between ChatClients (a container's rollouts)
+        self._client = client if isinstance(client, httpx.AsyncClient) else None
+        self._pool = client if isinstance(client, ClientPerCall) else ClientPerCall(timeout_s) if client is None else None
         self._owns_client = client is None
         self._gate = gate
 

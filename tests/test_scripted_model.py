@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from harness.errors import FailureKind, ServiceError
+from harness.http_pool import ClientPerCall
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.retry import RetryPolicy
 from harness.scripted_model import CURRENT_CLOSE, CURRENT_OPEN, PROPOSER_MARKER, format_example, rules_in
@@ -157,3 +158,26 @@ def test_proposer_understands_the_optimizers_prompt(rules_server: ScriptedModelS
         proposal = apply(seed, messages, [result], edit_format, examples, None, settings)
         assert proposal.status == "changed"
         assert rules_in(proposal.text) == [("exchange", "exchange_rate")]
+
+
+def test_chat_clients_on_one_client_stack_share_its_connections(rules_server: ScriptedModelServer) -> None:
+    """A container builds a ChatClient per rollout on the app's ClientPerCall: calls in flight
+    each take one single-connection client, and later rollouts reuse them rather than opening
+    new ones (a shared httpx pool scans every connection per request instead)."""
+    messages = [ChatMessage(role="system", content=INSTRUCTION), ChatMessage(role="user", content=f"a refund\n{LABELS}")]
+
+    async def go() -> tuple[list[str], int, int]:
+        clients = ClientPerCall(timeout_s=10.0)
+        try:
+            first = await asyncio.gather(*(ChatClient(rules_server.base_url, "scripted", client=clients)
+                                           .complete(messages) for _ in range(4)))
+            opened = len(clients)
+            later = [await ChatClient(rules_server.base_url, "scripted", client=clients).complete(messages)
+                     for _ in range(6)]
+            return [r.text for r in first + later], opened, len(clients)
+        finally:
+            await clients.aclose()
+
+    texts, opened, after = asyncio.run(go())
+    assert texts == ["request_refund"] * 10
+    assert 1 <= opened <= 4 and after == opened  # sequential rollouts took an idle client each time

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +27,7 @@ from benchmarks.containers.kit.container import CodeErrors, Row, RolloutEnv, Tas
 from harness.body_limit import BodyLimit
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest, SideInfo, TasksRequest
 from harness.errors import HarnessError
+from harness.http_pool import ClientPerCall
 
 log = logging.getLogger("benchmarks.containers.kit")
 
@@ -79,11 +79,15 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One pooled client per app so concurrent rollouts share connections to the policy.
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=300.0, limits=limits) as client:
-            app.state.http = client
+        # One stack of single-connection clients per app, shared by concurrent rollouts: a
+        # shared httpx pool costs each request a scan of every connection, which at 64 rollouts
+        # in flight was half the container's CPU (http_pool.py)
+        clients = ClientPerCall(timeout_s=300.0)
+        app.state.http = clients
+        try:
             yield
+        finally:
+            await clients.aclose()
 
     app = FastAPI(title=container.name, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit)  # HARNESS_MAX_BODY_BYTES, else 8 MiB: a larger body gets a 413
