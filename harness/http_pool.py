@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,6 +24,17 @@ def tls_context() -> ssl.SSLContext:
     """One verifying TLS context per process: loading the CA bundle takes ~50 ms, and a run
     builds several clients (a short sweep run spent a third of its CPU on it)."""
     return httpx.create_ssl_context()
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, NO_PROXY), read once per
+    URL as an httpx client reads it once when created; aiohttp's own `trust_env` reads it on
+    every call and would also send ~/.netrc credentials. A proxy URL's own `user:password@`
+    is used as the proxy's credentials."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass_environment(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies_environment().get(parts.scheme)
 
 
 class ClientPerCall:

@@ -24,7 +24,7 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
     overhead = pl.read_parquet(tmp_path / "overhead.parquet")
-    assert sorted(overhead["arm"].to_list()) == ["harness_eval", "harness_gepa", "raw"]
+    assert sorted(overhead["arm"].to_list()) == ["harness_eval", "harness_gepa", "raw", "raw_aiohttp"]
     assert (overhead["rollouts_per_s"] > 0).all() and {"cpus", "measured_at", "host"} <= set(overhead.columns)
 
     overlap = pl.read_parquet(tmp_path / "overlap.parquet")

@@ -7,6 +7,8 @@ model call, so the container's own cost per rollout is what the raw loop measure
 interleaved over rounds so drift on a shared machine hits all alike, median reported:
 
 - `raw`: an httpx loop POSTing prepared /rollout bodies, `--concurrency` in flight.
+- `raw_aiohttp`: the same loop with aiohttp's client, which the harness's contract client
+  uses: the container's ceiling with the lighter client.
 - `harness_eval`: `execute_run` with the seed-only algorithm over a pareto pool of
   `--rollouts` rows: contract client, run context (the rollout choke point), evidence
   writer, gateway registration; the optimizer does no more than evaluate.
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import polars as pl
 
@@ -115,6 +118,31 @@ async def raw_loop(container_url: str, bodies: list[dict[str, Any]], concurrency
         await asyncio.gather(*(http.aclose() for http in clients))
 
 
+async def raw_aiohttp_loop(container_url: str, bodies: list[dict[str, Any]], concurrency: int, salt: str) -> float:
+    """The same bare loop with aiohttp's client (one session, its flat pool): the client the
+    harness's contract client uses. Its rate is the container's ceiling with the lighter
+    client; the harness's ratio to it is the harness's own cost alone."""
+    encoded = [json.dumps(dict(body, rollout_id=f"{salt}-{i}")).encode() for i, body in enumerate(bodies)]
+    queue = list(reversed(encoded))
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def post(body: bytes) -> None:
+            async with http.post(f"{container_url}/rollout", data=body, headers=headers) as response:
+                content = await response.read()
+            if response.status != 200 or b'"status":"ok"' not in content:
+                raise RuntimeError(f"raw rollout failed: {content[:200]!r}")
+
+        async def worker() -> None:
+            while queue:
+                await post(queue.pop())
+
+        await asyncio.gather(*(post(encoded[0]) for _ in range(concurrency)))  # open the connections
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return len(bodies) / (time.perf_counter() - started)
+
+
 def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
     started = time.perf_counter()
     outcome = asyncio.run(execute_run(spec, endpoints))
@@ -131,7 +159,7 @@ def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
 
 def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
             proposals_per_slot: float = 1.0) -> list[dict[str, Any]]:
-    rates: dict[str, list[float]] = {"raw": [], "harness_eval": [], "harness_gepa": []}
+    rates: dict[str, list[float]] = {"raw": [], "raw_aiohttp": [], "harness_eval": [], "harness_gepa": []}
     wall_rates: dict[str, list[float]] = {"harness_eval": [], "harness_gepa": []}
     with tempfile.TemporaryDirectory(prefix="overhead-bench-") as tmp, Services(Path(tmp) / "logs", gateway=GATEWAY) as services:
         probe = run_spec("harness_eval", data_dir, Path(tmp), rollouts, concurrency, 0)
@@ -140,6 +168,8 @@ def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
         asyncio.run(raw_loop(endpoints.container_url, bodies[:200], concurrency, "warmup"))
         for r in range(rounds):
             rates["raw"].append(asyncio.run(raw_loop(endpoints.container_url, bodies, concurrency, f"r{r}")))
+            rates["raw_aiohttp"].append(asyncio.run(raw_aiohttp_loop(endpoints.container_url, bodies, concurrency,
+                                                                     f"a{r}")))
             for arm in ("harness_eval", "harness_gepa"):
                 spec = run_spec(arm, data_dir, Path(tmp) / f"r{r}", rollouts, concurrency, r, proposals_per_slot)
                 got = harness_rate(spec, endpoints)
@@ -147,10 +177,11 @@ def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
                 wall_rates[arm].append(got["wall_rate"])
             print(f"concurrency {concurrency} round {r}: "
                   + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
-    raw = median(rates["raw"])
+    raw, raw_aiohttp = median(rates["raw"]), median(rates["raw_aiohttp"])
     return [{"arm": arm, "concurrency": concurrency, "rollouts_per_round": rollouts, "rounds": rounds,
              "rollouts_per_s": median(values), "wall_rollouts_per_s": median(wall_rates.get(arm, values)),
-             "ratio_vs_raw": median(values) / raw, "goal_ratio": 0.9}
+             "ratio_vs_raw": median(values) / raw, "ratio_vs_raw_aiohttp": median(values) / raw_aiohttp,
+             "goal_ratio": 0.9}
             for arm, values in rates.items()]
 
 
@@ -175,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nrollouts/s against an instant-policy container ({args.rollouts} per arm, median of {args.rounds}):")
     for row in rows:
         print(f"  c={row['concurrency']:<3} {row['arm']:<13} {row['rollouts_per_s']:8.1f}/s  "
-              f"({row['ratio_vs_raw']:.2f} of raw; whole-run wall {row['wall_rollouts_per_s']:.1f}/s)")
+              f"({row['ratio_vs_raw']:.2f} of raw, {row['ratio_vs_raw_aiohttp']:.2f} of raw_aiohttp; "
+              f"whole-run wall {row['wall_rollouts_per_s']:.1f}/s)")
     print(f"  written to {where}")
 
 

@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import time
-import urllib.parse
-import urllib.request
 from typing import Any
 
 import aiohttp
@@ -21,6 +19,7 @@ from harness.gateway.ledger import Ledger, RunLedger
 from harness.gateway.limiter import Limiter
 from harness.gateway.models import CallRecord, GatewaySettings, Upstream
 from harness.gateway.store import ResponseStore, request_digest, sample_digest
+from harness.http_pool import env_proxy
 from harness.pricing import cost_usd
 from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
 
@@ -118,18 +117,12 @@ class Gateway:
         return os.environ.get(upstream.api_key_env) if upstream.api_key_env else None
 
     def _url(self, upstream: Upstream, endpoint: str) -> tuple[str, str | None]:
-        """(URL, proxy from the environment or None), once per upstream and endpoint: the
-        environment is read once, as an HTTP client that trusts it reads it when created,
-        not on every call. The standard library's reading of HTTP(S)_PROXY and NO_PROXY;
-        aiohttp's own (`trust_env`) would also send ~/.netrc credentials upstream. A proxy
-        URL's own `user:password@` is used as the proxy's credentials."""
+        """(URL, proxy from the environment or None), once per upstream and endpoint
+        (http_pool.env_proxy)."""
         key = (upstream.name, endpoint)
         if key not in self._urls:
             url = f"{upstream.base_url.rstrip('/')}/{endpoint}"
-            parts = urllib.parse.urlsplit(url)
-            bypass = urllib.request.proxy_bypass_environment(parts.hostname or "")
-            proxy = None if bypass else urllib.request.getproxies_environment().get(parts.scheme)
-            self._urls[key] = url, proxy
+            self._urls[key] = url, env_proxy(url)
         return self._urls[key]
 
     def _redact(self, content: bytes, upstream: Upstream) -> bytes:
