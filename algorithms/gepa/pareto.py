@@ -12,11 +12,15 @@ class ParetoFrontier:
         self.task_ids = task_ids
         # candidate id -> reward per pareto row (None: no reward), in insertion order
         self.scores: dict[str, list[float | None]] = {}
+        # non_dominated() until the next add: with many iterations in flight every one
+        # samples a parent, and the frontier changes far less often
+        self._leaders: dict[str, int] | None = None
 
     def add(self, candidate_id: str, rewards: list[float | None]) -> None:
         if len(rewards) != len(self.task_ids):
             raise ValueError("one reward per pareto row is required")
         self.scores[candidate_id] = list(rewards)
+        self._leaders = None
 
     def mean(self, candidate_id: str) -> float | None:
         rewards = [r for r in self.scores[candidate_id] if r is not None]
@@ -39,6 +43,11 @@ class ParetoFrontier:
     def non_dominated(self) -> dict[str, int]:
         """Candidates on some row front, minus those whose front rows are a strict subset
         of another's, with how many rows each leads."""
+        if self._leaders is None:
+            self._leaders = self._non_dominated()
+        return dict(self._leaders)
+
+    def _non_dominated(self) -> dict[str, int]:
         fronts = self.fronts()
         rows_of: dict[str, frozenset[int]] = {
             c: frozenset(i for i, front in enumerate(fronts) if c in front) for c in self.scores
