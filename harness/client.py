@@ -25,28 +25,13 @@ from harness.contract import (
 )
 from harness.api_key import bearer_headers, read_key
 from harness.errors import ContractViolation, FailureKind, ServiceError, Unreachable, classify_status, first_error, redact
-from harness.http_pool import env_proxy, tls_context
+from harness.http_pool import SharedSession, env_proxy, transport_failure
 from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
 
 M = TypeVar("M", bound=BaseModel)
 
 # A gate is entered around each rollout: shared limits across runs (see harness.sweep.limits).
 Gate = Callable[[], AbstractAsyncContextManager[Any]]
-
-
-def transport_failure(exc: Exception) -> tuple[str, bool]:
-    """(the failure's name in errors and evidence, whether the process behind the URL is gone:
-    nothing accepts the connection, or it closed one without answering). The names are the
-    ones evidence has always used (httpx's), whichever client library raised."""
-    if isinstance(exc, TimeoutError):
-        return "ReadTimeout", False
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "ConnectError", True
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
-        return "RemoteProtocolError", True
-    if isinstance(exc, aiohttp.ClientOSError):
-        return "ReadError", True
-    return type(exc).__name__, False
 
 
 def _body_reason(content: bytes) -> str:
@@ -84,9 +69,8 @@ class ContainerClient:
         self._gate = gate
         self.retry = retry or RetryPolicy()
         self._limit = asyncio.Semaphore(concurrency)
-        self._timeout_s = timeout_s
         self._proxy = env_proxy(self.base_url)
-        self._session: aiohttp.ClientSession | None = None
+        self._session = SharedSession(timeout_s)
         # route name -> path; a container's advertised routes replace these (use_routes)
         self.routes = dict(DEFAULT_ROUTES)
 
@@ -109,23 +93,8 @@ class ContainerClient:
         key = self._key()
         headers = bearer_headers(key)
         async with self._limit:
-            return await self._attempts(self._http(), method, route, url, model, body, headers, key,
+            return await self._attempts(self._session.get(), method, route, url, model, body, headers, key,
                                         answers if answers is not None else [])
-
-    def _http(self) -> aiohttp.ClientSession:
-        """The client's session, opened on first use on the running loop. aiohttp, not httpx:
-        its C parser and flat pool cost a fifth of httpx's CPU per call (0.4 against 2.2 ms
-        per rollout, 64 in flight, measured by benchmarks.perf.overhead's bare loops), and
-        the rollout call is the run's hot path. Timeouts as httpx's were: timeout_s to
-        connect and between reads."""
-        if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout_s, sock_read=self._timeout_s)
-            connector = aiohttp.TCPConnector(limit=0, ssl=tls_context())  # the semaphore bounds calls
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
-            # retries are the retry policy's alone: aiohttp would resend a GET dropped mid-call
-            # once by itself, and hide that the process went away (Unreachable, below)
-            self._session._retry_connection = False
-        return self._session
 
     def _auth_hint(self, status: int) -> str:
         if status not in (401, 403):
@@ -230,9 +199,7 @@ class ContainerClient:
         return response
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._session.aclose()
 
 
 class _AnyBody(BaseModel):

@@ -7,17 +7,18 @@ is read from a named environment variable at call time and never stored in a mod
 from __future__ import annotations
 
 import copy
+import json
 import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Callable, TypeVar
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from harness.api_key import bearer_headers, read_key
-from harness.errors import FailureKind, ServiceError, hide_capabilities, redact
-from harness.http_pool import ClientPerCall
-from harness.retry import AttemptFailed, RetryPolicy
+from harness.errors import FailureKind, ServiceError, classify_status, hide_capabilities, redact
+from harness.http_pool import SharedSession, transport_failure
+from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
 
 R = TypeVar("R")
 
@@ -48,18 +49,15 @@ class ChatClient:
         api_key_env: str | None = None,
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | ClientPerCall | None = None,
+        client: SharedSession | None = None,
         gate: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
         self.retry = retry or RetryPolicy()
-        # without a caller's client, one single-connection client per call in flight: httpx's
-        # shared pool costs more per request the more requests wait in it (http_pool.py);
-        # a caller's ClientPerCall shares those clients between ChatClients (a container's rollouts)
-        self._client = client if isinstance(client, httpx.AsyncClient) else None
-        self._pool = client if isinstance(client, ClientPerCall) else ClientPerCall(timeout_s) if client is None else None
+        # a caller's session (a container's, for all its rollouts) is the caller's to close
+        self._session = client or SharedSession(timeout_s)
         self._owns_client = client is None
         self._gate = gate
 
@@ -96,27 +94,37 @@ class ChatClient:
             body["seed"] = seed
         return await self._post(body, self._parse)
 
-    async def _post(self, body: dict[str, Any], parse: Callable[[httpx.Response, float], R]) -> R:
-        """POST a chat completion under the retry policy; `parse` reads a 200 answer (given
-        its latency) and raises a ServiceError for a garbled one, which is tried again."""
+    async def _post(self, body: dict[str, Any], parse: Callable[[dict[str, Any], float], R]) -> R:
+        """POST a chat completion under the retry policy; `parse` reads a 200 answer's JSON
+        (given its latency) and raises a ServiceError for a garbled one, which is tried again."""
         url = f"{self.base_url}/chat/completions"
         shown = hide_capabilities(url)  # for error text
         key = self._key()
-        headers = bearer_headers(key)
+        headers = {**bearer_headers(key), "Content-Type": "application/json"}
+        payload = json.dumps(body).encode()
+        proxy = self._session.proxy_for(url)
 
         async def attempt() -> R:
             started = time.perf_counter()
             try:
-                response = await self._send(url, body, headers)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                raise AttemptFailed(f"{type(exc).__name__} calling {shown}", FailureKind.TRANSIENT) from exc
-            if response.status_code != 200:
+                async with self._session.get().post(url, data=payload, headers=headers, proxy=proxy,
+                                                    allow_redirects=False) as response:
+                    status, content = response.status, await response.read()
+                    retry_after = response.headers.get("retry-after")
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise AttemptFailed(f"{transport_failure(exc)[0]} calling {shown}", FailureKind.TRANSIENT) from exc
+            text = content.decode("utf-8", errors="replace")
+            if status != 200:
                 # an endpoint that echoes the request must not put the key into an error
-                raise AttemptFailed.from_response(
-                    f"HTTP {response.status_code} from {shown}: {hide_capabilities(redact(response.text[:200], key))}",
-                    response)
+                raise AttemptFailed(f"HTTP {status} from {shown}: {hide_capabilities(redact(text[:200], key))}",
+                                    classify_status(status), retry_after=retry_after_s(retry_after))
             try:
-                return parse(response, time.perf_counter() - started)
+                try:
+                    answer = json.loads(text)
+                except ValueError as exc:
+                    raise ServiceError(f"malformed completion from {hide_capabilities(self.base_url)}: "
+                                       f"{type(exc).__name__}", FailureKind.TRANSIENT) from exc
+                return parse(answer, time.perf_counter() - started)
             except ServiceError as exc:  # a garbled body from a flaky endpoint: try again
                 raise AttemptFailed(str(exc), exc.kind) from exc
 
@@ -125,16 +133,8 @@ class ChatClient:
         except AttemptFailed as exc:
             raise ServiceError(f"model call failed ({exc.kind.value}): {exc}", exc.kind) from None
 
-    async def _send(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
-        if self._client is not None:
-            return await self._client.post(url, json=body, headers=headers)
-        assert self._pool is not None
-        async with self._pool.client() as http:
-            return await http.post(url, json=body, headers=headers)
-
-    def _parse(self, response: httpx.Response, latency_s: float) -> ChatResult:
+    def _parse(self, payload: dict[str, Any], latency_s: float) -> ChatResult:
         try:
-            payload = response.json()
             choice = payload["choices"][0]
             text = choice["message"].get("content") or ""
             usage = payload.get("usage") or {}
@@ -152,5 +152,5 @@ class ChatClient:
         )
 
     async def aclose(self) -> None:
-        if self._owns_client and self._pool is not None:
-            await self._pool.aclose()
+        if self._owns_client:
+            await self._session.aclose()

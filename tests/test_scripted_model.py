@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from harness.errors import FailureKind, ServiceError
-from harness.http_pool import ClientPerCall
+from harness.http_pool import SharedSession
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.retry import RetryPolicy
 from harness.scripted_model import CURRENT_CLOSE, CURRENT_OPEN, PROPOSER_MARKER, format_example, rules_in
@@ -160,24 +160,29 @@ def test_proposer_understands_the_optimizers_prompt(rules_server: ScriptedModelS
         assert rules_in(proposal.text) == [("exchange", "exchange_rate")]
 
 
-def test_chat_clients_on_one_client_stack_share_its_connections(rules_server: ScriptedModelServer) -> None:
-    """A container builds a ChatClient per rollout on the app's ClientPerCall: calls in flight
-    each take one single-connection client, and later rollouts reuse them rather than opening
-    new ones (a shared httpx pool scans every connection per request instead)."""
+def test_chat_clients_on_a_callers_session_leave_it_open(rules_server: ScriptedModelServer) -> None:
+    """A container builds a ChatClient per rollout on the app's one session: closing such a
+    client leaves the session to its owner (the next rollout uses it), while a client that
+    opened its own session closes it."""
     messages = [ChatMessage(role="system", content=INSTRUCTION), ChatMessage(role="user", content=f"a refund\n{LABELS}")]
 
-    async def go() -> tuple[list[str], int, int]:
-        clients = ClientPerCall(timeout_s=10.0)
+    async def go() -> tuple[list[str], bool, bool]:
+        shared = SharedSession(timeout_s=10.0)
         try:
-            first = await asyncio.gather(*(ChatClient(rules_server.base_url, "scripted", client=clients)
-                                           .complete(messages) for _ in range(4)))
-            opened = len(clients)
-            later = [await ChatClient(rules_server.base_url, "scripted", client=clients).complete(messages)
-                     for _ in range(6)]
-            return [r.text for r in first + later], opened, len(clients)
+            texts = []
+            for _ in range(3):
+                client = ChatClient(rules_server.base_url, "scripted", client=shared)
+                texts += [r.text for r in await asyncio.gather(*(client.complete(messages) for _ in range(3)))]
+                await client.aclose()
+            session = shared.get()
+            own = ChatClient(rules_server.base_url, "scripted")
+            texts.append((await own.complete(messages)).text)
+            opened = own._session.get()
+            await own.aclose()
+            return texts, not session.closed and shared.get() is session, opened.closed
         finally:
-            await clients.aclose()
+            await shared.aclose()
 
-    texts, opened, after = asyncio.run(go())
+    texts, shared_open, own_closed = asyncio.run(go())
     assert texts == ["request_refund"] * 10
-    assert 1 <= opened <= 4 and after == opened  # sequential rollouts took an idle client each time
+    assert shared_open and own_closed

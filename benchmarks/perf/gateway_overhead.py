@@ -33,6 +33,7 @@ from benchmarks.perf.common import write_results  # noqa: E402
 from harness.gateway.models import Announcement, GatewaySettings, LimitSettings, RunRegistration  # noqa: E402
 from harness.gateway.server import GatewayServer  # noqa: E402
 from harness.gateway.service import upstream_for  # noqa: E402
+from harness.http_pool import SharedSession  # noqa: E402
 from harness.llm import ChatClient, ChatMessage  # noqa: E402
 from harness.scripted_server import ScriptedModelServer  # noqa: E402
 from harness.specs import ModelSpec  # noqa: E402
@@ -48,29 +49,26 @@ def messages(i: int, salt: str) -> list[ChatMessage]:
 
 
 async def drive(urls: list[str], concurrency: int, salt: str) -> tuple[float, list[float]]:
-    """(completions per second, per-call latencies) for one call to each URL, `concurrency` at a time.
-    One connection per worker: httpx's pool costs the square of the calls in flight, which
-    would make the load generator, not the path under test, the bottleneck."""
+    """(completions per second, per-call latencies) for one call to each URL, `concurrency` at a time,
+    through the harness's own ChatClient on one shared session (what a container does)."""
     queue = list(enumerate(urls))
     latencies: list[float] = []
-    # one TLS context for all workers: each client loading the CA bundle itself costs ~45 ms
-    # of CPU, which the load generator would spend inside the timed section (both arms alike,
-    # so it hid part of the gateway's overhead)
-    tls = httpx.create_ssl_context()
+    session = SharedSession(timeout_s=120.0)
+    base = ChatClient(urls[0], "scripted-rules", client=session)
 
     async def worker() -> None:
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        async with httpx.AsyncClient(timeout=120.0, limits=limits, verify=tls) as http:
-            base = ChatClient(urls[0], "scripted-rules", client=http)
-            while queue:
-                i, url = queue.pop()
-                started = time.perf_counter()
-                await base.with_base_url(url).complete(messages(i, salt), max_tokens=8, seed=i)
-                latencies.append(time.perf_counter() - started)
+        while queue:
+            i, url = queue.pop()
+            started = time.perf_counter()
+            await base.with_base_url(url).complete(messages(i, salt), max_tokens=8, seed=i)
+            latencies.append(time.perf_counter() - started)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await session.aclose()
     return len(urls) / elapsed, latencies
 
 

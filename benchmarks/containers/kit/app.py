@@ -27,7 +27,7 @@ from benchmarks.containers.kit.container import CodeErrors, Row, RolloutEnv, Tas
 from harness.body_limit import BodyLimit
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest, SideInfo, TasksRequest
 from harness.errors import HarnessError
-from harness.http_pool import ClientPerCall
+from harness.http_pool import SharedSession
 
 log = logging.getLogger("benchmarks.containers.kit")
 
@@ -79,10 +79,10 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One stack of single-connection clients per app, shared by concurrent rollouts: a
-        # shared httpx pool costs each request a scan of every connection, which at 64 rollouts
-        # in flight was half the container's CPU (http_pool.py)
-        clients = ClientPerCall(timeout_s=300.0)
+        # One aiohttp session per app, shared by concurrent rollouts' policy calls: httpx's
+        # shared pool scanned every connection per request, half the container's CPU at 64
+        # rollouts in flight (http_pool.py)
+        clients = SharedSession(timeout_s=300.0)
         app.state.http = clients
         try:
             yield

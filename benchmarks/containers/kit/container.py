@@ -14,12 +14,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import httpx
 from fastapi import FastAPI
 
 from harness.contract import ProgramResponse, RewardInfo, RolloutRequest, RolloutResponse, SideInfo, Usage, role_url
 from harness.errors import HarnessError, ServiceError
-from harness.http_pool import ClientPerCall
+from harness.http_pool import SharedSession
 from harness.llm import ChatClient, ChatMessage, ChatResult
 
 log = logging.getLogger("benchmarks.containers.kit")
@@ -92,11 +91,11 @@ class CodeErrors:
 
 @dataclass(frozen=True)
 class RolloutEnv:
-    """What a rollout may use: the app's HTTP clients (for ChatClient), the env var naming the policy
+    """What a rollout may use: the app's HTTP session (for ChatClient), the env var naming the policy
     model's key (read from this process's environment only), the rollout's trace (kept on
     the error row when the rollout raises) and the log of the container's own errors."""
 
-    http: httpx.AsyncClient | ClientPerCall
+    http: SharedSession
     policy_key_env: str | None = None
     trace: dict[str, Any] = field(default_factory=dict)
     code_errors: CodeErrors = field(default_factory=CodeErrors)

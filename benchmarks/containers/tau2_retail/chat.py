@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict
 
 from harness.errors import FailureKind, ServiceError
@@ -73,11 +72,10 @@ class ToolChatClient(ChatClient):
             body["tools"] = tools
         if seed is not None:
             body["seed"] = seed
-        return await self._post(body, lambda response, latency_s: self._turn(response, latency_s, turn_index))
+        return await self._post(body, lambda payload, latency_s: self._turn(payload, latency_s, turn_index))
 
-    def _turn(self, response: httpx.Response, latency_s: float, turn_index: int) -> ChatTurn:
+    def _turn(self, payload: dict[str, Any], latency_s: float, turn_index: int) -> ChatTurn:
         try:
-            payload = response.json()
             choice = payload["choices"][0]
             message = choice["message"]
             usage = payload.get("usage") or {}
