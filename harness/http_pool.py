@@ -1,22 +1,17 @@
-"""HTTP clients of the harness's hot paths: one aiohttp session shared by a client and its
-copies (rollouts and model calls), and for the gateway's control calls, httpx clients
-handed out one per call in flight, each with a single connection.
+"""The HTTP client of the harness's async paths (rollouts, model calls, the gateway's control
+calls): one aiohttp session per client, shared by its copies, with the environment's proxy
+read once per host and one verifying TLS context per process.
 
-httpx's shared connection pool does work per request that grows with the requests waiting
-in it; at a few dozen calls in flight that, not the server, set the rate (the overhead
-benchmark measured a run at 0.4 of what a bare loop with a connection per worker got).
-A stack of single-connection clients keeps each call's cost flat and reuses warm
-connections (last in, first out)."""
+httpx's shared pool does work per request that grows with the requests waiting in it, and
+even with a single-connection client per call in flight its client costs about five times
+aiohttp's CPU per call (benchmarks.perf.overhead's two bare loops)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import ssl
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import aiohttp
 import httpx
@@ -89,33 +84,3 @@ class SharedSession:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-class ClientPerCall:
-    def __init__(self, timeout_s: float):
-        self._timeout_s = timeout_s
-        self._idle: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
-
-    @asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        http = self._idle.pop() if self._idle else self._new()
-        try:
-            yield http
-        finally:
-            self._idle.append(http)
-
-    def _new(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        http = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, verify=tls_context())
-        self._all.append(http)
-        return http
-
-    def __len__(self) -> int:
-        """Clients opened so far: the most calls that were in flight at once."""
-        return len(self._all)
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(http.aclose() for http in self._all))
-        self._all.clear()
-        self._idle.clear()

@@ -22,11 +22,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, TypeVar
 from urllib.parse import quote
 
-import httpx
+import aiohttp
 from pydantic import TypeAdapter
 
 from harness.contract import PolicyBlock
-from harness.http_pool import ClientPerCall
+from harness.http_pool import SharedSession, transport_failure
 from harness.errors import FailureKind, ServiceError
 from harness.retry import AttemptFailed, RetryPolicy
 from harness.gateway.models import (
@@ -69,7 +69,7 @@ class GatewaySession:
         self.registration = RunRegistration(upstreams={"policy": policy_upstream, "proposer": proposer_upstream},
                                             budget_usd=budget_usd)
         self.spend = RunSpend(run_id=run_id)
-        self._clients = ClientPerCall(timeout_s)  # iterations in flight announce at once
+        self._session = SharedSession(timeout_s)  # iterations in flight announce at once
         self._proposer_calls = 0
         self._unassigned: list[str] = []  # proposer scopes not yet tied to a proposal
         self._proposal_of: dict[str, str] = {}
@@ -81,27 +81,32 @@ class GatewaySession:
                             for budgeted in (True, False)}
         self._closer = _Coalesced(self._close_batch)
 
-    async def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        async def attempt() -> httpx.Response:
+    async def _request(self, method: str, path: str, body: str | None = None) -> bytes:
+        """A control call's answer body (a 200's)."""
+        url = f"{self.gateway_url}{path}"
+        headers = {**self._headers, "Content-Type": "application/json"} if body is not None else self._headers
+
+        async def attempt() -> tuple[int, bytes]:
             try:
-                async with self._clients.client() as http:
-                    return await http.request(method, f"{self.gateway_url}{path}", content=body,
-                                              headers=self._headers)
-            except httpx.HTTPError as exc:
-                raise AttemptFailed(f"gateway {method} {path}: {type(exc).__name__}", FailureKind.TRANSIENT) from exc
+                async with self._session.get().request(method, url, data=body, headers=headers, allow_redirects=False,
+                                                       proxy=self._session.proxy_for(url)) as response:
+                    return response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise AttemptFailed(f"gateway {method} {path}: {transport_failure(exc)[0]}",
+                                    FailureKind.TRANSIENT) from exc
 
         try:
-            response = await _CONTROL_RETRY.run(attempt)
+            status, content = await _CONTROL_RETRY.run(attempt)
         except AttemptFailed as exc:
             raise ServiceError(str(exc), exc.kind) from None
-        if response.status_code != 200:
-            raise ServiceError(f"gateway {method} {path}: HTTP {response.status_code}: {response.text[:300]}",
-                               FailureKind.FATAL)
-        return response
+        if status != 200:
+            text = content.decode("utf-8", errors="replace")
+            raise ServiceError(f"gateway {method} {path}: HTTP {status}: {text[:300]}", FailureKind.FATAL)
+        return content
 
     async def open(self) -> None:
-        response = await self._request("POST", f"/runs/{self.key}", self.registration.model_dump_json())
-        self._token = RunGrant.model_validate_json(response.content).token
+        answer = await self._request("POST", f"/runs/{self.key}", self.registration.model_dump_json())
+        self._token = RunGrant.model_validate_json(answer).token
 
     def url(self, scope: str, role: str, token: str | None = None) -> str:
         return f"{self.gateway_url}/c/{token or self._token}/r/{self.key}/{quote(scope, safe=':')}/{role}/v1"
@@ -121,8 +126,8 @@ class GatewaySession:
         scopes = {scope: cid for part, _ in batch for scope, cid in part.items()}
         candidates = {cid: texts for _, part in batch for cid, texts in part.items()}
         body = Announcement(scopes=scopes, candidates=candidates, budgeted=budgeted)
-        response = await self._request("POST", f"/runs/{self.key}/scopes", body.model_dump_json())
-        self._scope_tokens.update(ScopeGrants.model_validate_json(response.content).tokens)
+        answer = await self._request("POST", f"/runs/{self.key}/scopes", body.model_dump_json())
+        self._scope_tokens.update(ScopeGrants.model_validate_json(answer).tokens)
 
     async def close_scopes(self, scopes: list[str]) -> None:
         """The rollouts ended: their containers' URLs spend nothing more."""
@@ -161,15 +166,13 @@ class GatewaySession:
     async def refresh(self) -> set[str]:
         """Read the run's spend; returns the scopes refused (budget) since the last refresh."""
         self._refreshed_at = time.monotonic()
-        response = await self._request("GET", f"/runs/{self.key}/spend")
-        self.spend = RunSpend.model_validate_json(response.content)
+        self.spend = RunSpend.model_validate_json(await self._request("GET", f"/runs/{self.key}/spend"))
         refused = self.spend.refused_scopes[self._refused_seen:]
         self._refused_seen = len(self.spend.refused_scopes)
         return set(refused)
 
     async def calls(self) -> list[CallRecord]:
-        response = await self._request("GET", f"/runs/{self.key}/calls")
-        return _RECORDS.validate_json(response.content)
+        return _RECORDS.validate_json(await self._request("GET", f"/runs/{self.key}/calls"))
 
     def rows(self, records: list[CallRecord]) -> list[dict[str, Any]]:
         """Rows of the model_calls table, in a stable order (replays compare equal)."""
@@ -199,7 +202,7 @@ class GatewaySession:
             await self._request("DELETE", f"/runs/{self.key}")
         except ServiceError:
             pass  # the gateway may be gone already; it forgets runs when it stops
-        await self._clients.aclose()
+        await self._session.aclose()
 
 
 class _Coalesced(Generic[T]):
