@@ -24,9 +24,9 @@ from harness.contract import (
     TasksResponse,
 )
 from harness.api_key import bearer_headers, read_key
-from harness.errors import ContractViolation, FailureKind, ServiceError, Unreachable, classify_status, first_error, redact
-from harness.http_pool import SharedSession, env_proxy, transport_failure
-from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
+from harness.errors import ContractViolation, FailureKind, ServiceError, Unreachable, first_error, redact
+from harness.http_pool import SharedSession, transport_failure
+from harness.retry import AttemptFailed, RetryPolicy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,7 +69,6 @@ class ContainerClient:
         self._gate = gate
         self.retry = retry or RetryPolicy()
         self._limit = asyncio.Semaphore(concurrency)
-        self._proxy = env_proxy(self.base_url)
         self._session = SharedSession(timeout_s)
         # route name -> path; a container's advertised routes replace these (use_routes)
         self.routes = dict(DEFAULT_ROUTES)
@@ -93,7 +92,7 @@ class ContainerClient:
         key = self._key()
         headers = bearer_headers(key)
         async with self._limit:
-            return await self._attempts(self._session.get(), method, route, url, model, body, headers, key,
+            return await self._attempts(method, route, url, model, body, headers, key,
                                         answers if answers is not None else [])
 
     def _auth_hint(self, status: int) -> str:
@@ -103,8 +102,8 @@ class ContainerClient:
             return f" (the container refused the key in ${self.api_key_env}: check that it holds the container's key)"
         return " (the container wants a bearer key: set container.api_key_env to the variable holding it)"
 
-    async def _attempts(self, http: aiohttp.ClientSession, method: str, route: str, url: str, model: type[M],
-                        body: Any, headers: dict[str, str], key: str | None, answers: list[str]) -> M:
+    async def _attempts(self, method: str, route: str, url: str, model: type[M], body: Any,
+                        headers: dict[str, str], key: str | None, answers: list[str]) -> M:
         # The process was seen gone (connection refused or dropped) during this call, and the
         # last attempt also got no HTTP answer: the caller may restart it. A timeout on the
         # last attempt counts too: it may have reached a process that was still starting.
@@ -116,10 +115,7 @@ class ContainerClient:
         async def attempt() -> M:
             nonlocal seen_down, no_answer
             try:
-                async with http.request(method, url, data=payload, headers=headers, proxy=self._proxy,
-                                        allow_redirects=False) as response:
-                    status, content = response.status, await response.read()
-                    retry_after = response.headers.get("retry-after")
+                status, content, retry_after = await self._session.send(method, url, payload, headers)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 name, gone = transport_failure(exc)
                 no_answer, seen_down = True, seen_down or gone
@@ -129,7 +125,7 @@ class ContainerClient:
                 return self._parse(route, content, model)
             error = f"HTTP {status}: {redact(_body_reason(content), key)}{self._auth_hint(status)}"
             answers.append(error)
-            raise AttemptFailed(error, classify_status(status), retry_after=retry_after_s(retry_after))
+            raise AttemptFailed.from_status(error, status, retry_after)
 
         try:
             return await self.retry.run(attempt)

@@ -72,6 +72,14 @@ class SharedSession:
             self._session._retry_connection = False
         return self._session
 
+    async def send(self, method: str, url: str, data: bytes | str | None = None,
+                   headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
+        """(status, body, Retry-After) of one request, redirects not followed; aiohttp's
+        TimeoutError and ClientError go to the caller (transport_failure names them)."""
+        async with self.get().request(method, url, data=data, headers=headers, proxy=self.proxy_for(url),
+                                      allow_redirects=False) as response:
+            return response.status, await response.read(), response.headers.get("retry-after")
+
     def proxy_for(self, url: str) -> str | None:
         """env_proxy, once per scheme and host: model calls go to a new URL per rollout."""
         parts = urllib.parse.urlsplit(url)

@@ -16,9 +16,9 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from harness.api_key import bearer_headers, read_key
-from harness.errors import FailureKind, ServiceError, classify_status, hide_capabilities, redact
+from harness.errors import FailureKind, ServiceError, hide_capabilities, redact
 from harness.http_pool import SharedSession, transport_failure
-from harness.retry import AttemptFailed, RetryPolicy, retry_after_s
+from harness.retry import AttemptFailed, RetryPolicy
 
 R = TypeVar("R")
 
@@ -102,22 +102,18 @@ class ChatClient:
         key = self._key()
         headers = {**bearer_headers(key), "Content-Type": "application/json"}
         payload = json.dumps(body).encode()
-        proxy = self._session.proxy_for(url)
 
         async def attempt() -> R:
             started = time.perf_counter()
             try:
-                async with self._session.get().post(url, data=payload, headers=headers, proxy=proxy,
-                                                    allow_redirects=False) as response:
-                    status, content = response.status, await response.read()
-                    retry_after = response.headers.get("retry-after")
+                status, content, retry_after = await self._session.send("POST", url, payload, headers)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise AttemptFailed(f"{transport_failure(exc)[0]} calling {shown}", FailureKind.TRANSIENT) from exc
             text = content.decode("utf-8", errors="replace")
             if status != 200:
                 # an endpoint that echoes the request must not put the key into an error
-                raise AttemptFailed(f"HTTP {status} from {shown}: {hide_capabilities(redact(text[:200], key))}",
-                                    classify_status(status), retry_after=retry_after_s(retry_after))
+                reason = hide_capabilities(redact(text[:200], key))
+                raise AttemptFailed.from_status(f"HTTP {status} from {shown}: {reason}", status, retry_after)
             try:
                 try:
                     answer = json.loads(text)

@@ -18,7 +18,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.errors import FailureKind, classify_status
@@ -54,10 +53,9 @@ class AttemptFailed(Exception):
         self.answer = answer
 
     @classmethod
-    def from_response(cls, message: str, response: httpx.Response, *, answer: object = None) -> "AttemptFailed":
-        """A failure labelled by the response's status, with its Retry-After."""
-        return cls(message, classify_status(response.status_code),
-                   retry_after=retry_after_s(response.headers.get("retry-after")), answer=answer)
+    def from_status(cls, message: str, status: int, retry_after: str | None) -> "AttemptFailed":
+        """A failure labelled by an HTTP status, with its Retry-After header's wait."""
+        return cls(message, classify_status(status), retry_after=retry_after_s(retry_after))
 
 
 class RetryPolicy(BaseModel):

@@ -88,9 +88,8 @@ class GatewaySession:
 
         async def attempt() -> tuple[int, bytes]:
             try:
-                async with self._session.get().request(method, url, data=body, headers=headers, allow_redirects=False,
-                                                       proxy=self._session.proxy_for(url)) as response:
-                    return response.status, await response.read()
+                status, content, _ = await self._session.send(method, url, body, headers)
+                return status, content
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise AttemptFailed(f"gateway {method} {path}: {transport_failure(exc)[0]}",
                                     FailureKind.TRANSIENT) from exc
