@@ -79,6 +79,10 @@ class GatewayServer(GatewayEndpoint):
                                     log_path=log_dir / f"gateway-{self.port}.log", env=env,
                                     startup_timeout_s=startup_timeout_s)
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
     def start(self) -> None:
         self._proc.start()
 
