@@ -75,7 +75,7 @@ def _report_scale(df: pl.DataFrame) -> list[Line]:
         ratio = row.get("ratio_vs_compute")
         versus = "" if ratio is None or row["phase"] == "compute" else \
             f" (**{ratio:.2f}x** compute; CPU {row['cpu_ratio_vs_compute']:.2f}x)"
-        goal = "<= 2x compute" if row["phase"] == "write_report" else ""
+        goal = "<= 2x compute" if row["phase"].startswith("write_report") else ""
         out.append((f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
                     f"{row['seconds']:.1f} s{versus}, peak RSS {row['peak_rss_mib']:.0f} MiB", goal))
     return out
