@@ -15,6 +15,7 @@ from typing import Self
 import httpx
 
 from harness.errors import PreflightError
+from harness.http_pool import tls_context
 
 
 def _die_with_parent() -> None:
@@ -120,7 +121,7 @@ class ManagedProcess(ServiceHandle):
                     f"(log {self.log_path}): {tail}"
                 )
             try:
-                if httpx.get(self.health_url, timeout=2.0).status_code == 200:
+                if httpx.get(self.health_url, timeout=2.0, verify=tls_context()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
