@@ -15,7 +15,6 @@ from typing import Self
 import httpx
 
 from harness.errors import PreflightError
-from harness.http_pool import tls_context
 
 
 def _die_with_parent() -> None:
@@ -112,6 +111,8 @@ class ManagedProcess(ServiceHandle):
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
+        from harness.http_pool import tls_context  # aiohttp's import: not for every child that imports this
+
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:

@@ -83,8 +83,12 @@ def cpu_ms_per_call(pids: dict[str, int | None], n: int, drive_arm: Callable[[],
     """drive_arm's (rate, latencies) and the CPU milliseconds per call each process spent on it."""
     before = {name: process_cpu_s(pid) if pid else None for name, pid in pids.items()}
     rate, latencies = drive_arm()
-    spent = {name: (process_cpu_s(pid) or 0.0) - (before[name] or 0.0) for name, pid in pids.items() if pid}
-    return rate, latencies, {name: 1000 * seconds / n for name, seconds in spent.items()}
+    per_call: dict[str, float] = {}
+    for name, pid in pids.items():
+        start, end = before[name], process_cpu_s(pid) if pid else None
+        if start is not None and end is not None:  # a process gone meanwhile has no figure, not a zero
+            per_call[name] = 1000 * (end - start) / n
+    return rate, latencies, per_call
 
 
 def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: list[str]) -> list[str]:
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {r}: " + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
     median = {arm: statistics.median(v) for arm, v in rates.items()}
     median_p50 = {arm: statistics.median(v) for arm, v in p50.items()}
-    median_cpu = {arm: {name: statistics.median(r[name] for r in v) for name in v[0]} for arm, v in cpu.items()}
+    median_cpu = {arm: {name: statistics.median(r[name] for r in v if name in r) for name in v[0]}
+                  for arm, v in cpu.items()}
     row = {
         "concurrency": c, "requests_per_arm": n, "rounds": args.rounds,
         **{f"{arm}_per_s": value for arm, value in median.items()},

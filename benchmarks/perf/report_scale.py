@@ -143,8 +143,9 @@ def measure(sweep_dir: str, phase: str) -> dict[str, float]:
         cells = pl.read_parquet(out / "summary.parquet").height
     seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    worker_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the chart worker's, if any
     return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mib": peak, "baseline_rss_mib": baseline,
-            "cells": float(cells)}
+            "worker_peak_rss_mib": worker_peak, "cells": float(cells)}
 
 
 def main() -> int:
@@ -180,7 +181,8 @@ def main() -> int:
             results.append({"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
                             **figures, "polars": __import__("polars").__version__})
             print(f"{phase:>12}: {figures['seconds']:.2f}s ({figures['cpu_seconds']:.2f} CPU s), peak RSS "
-                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB), "
+                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB; "
+                  f"chart worker {figures['worker_peak_rss_mib']:.0f} MiB), "
                   f"{rows:,} rollout rows, {size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
         compute = results[0]
         for row in results:  # each phase includes the compute: the ratio is what writing adds to it

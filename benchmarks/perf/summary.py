@@ -40,14 +40,15 @@ def _overlap(df: pl.DataFrame) -> list[Line]:
         out.append((f"overlap: {names.get(row['arm'], row['arm'])}, {row['latency_s'] * 1000:.0f} ms per model call, "
                      f"concurrency {row['concurrency']}",
                      f"{row['optimization_s']:.1f} s for {row['rollouts']} rollouts, "
-                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit{_factors(row)}{library}", goal))
+                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit"
+                     f"{_factors(row)}{library}", goal))
     return out
 
 
 def _factors(row: dict) -> str:
     """The ratio to the limit is exactly (a rollout's time / the model call's) x (1 / the slots'
     occupancy): rollouts slowed by the machine's CPU, and slots the schedule left idle."""
-    if row["arm"] != "gepa" or row["concurrency"] < 16 or not row.get("slot_occupancy"):
+    if row["arm"] != "gepa" or not row.get("slot_occupancy"):
         return ""
     return (f" = {row['mean_rollout_s'] / row['latency_s']:.2f} (a rollout took {row['mean_rollout_s']:.2f} s) "
             f"x {1 / row['slot_occupancy']:.2f} (slots {row['slot_occupancy']:.0%} busy)")

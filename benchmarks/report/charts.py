@@ -213,8 +213,8 @@ DRAW_COST = {"trace": 3.0, "coverage": 3.0, "best_vs_rollouts": 2.5, "best_vs_co
 
 
 def split_charts(names: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Two shares of about equal drawing time (largest first, each to the lighter share);
-    the first is never the smaller, and a single chart is all in it."""
+    """Two shares of about equal drawing time (largest first, each to the lighter share); a
+    single chart is all in the first."""
     shares: tuple[list[str], list[str]] = ([], [])
     cost = [0.0, 0.0]
     for name in sorted(names, key=lambda n: -DRAW_COST.get(n, 2.0)):

@@ -94,7 +94,7 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     per_task = {**recorded_thresholds(target.root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),
                             resamples=resamples, ci_seed=ci_seed)
-    # matplotlib's import (over half a second) overlaps the compute, which releases the GIL, in
+    # matplotlib's import (half a second to a second) overlaps the compute, which releases the GIL, in
     # this process and in a second one that draws about half of a sweep's charts meanwhile
     worker = ChartWorker.start(chart_worker) if charts and target.run_ids is None else None
     if charts:
