@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.client import ContainerClient
 from harness.contract import GEPA_OPTIMIZER_CONTRACT, PolicyBlock, ProgramResponse, RolloutRequest
 from harness.errors import ConfigError, ContractViolation, HarnessError, ServiceError, Unreachable
+from harness.http_pool import tls_context
 from harness.retry import RetryPolicy
 from harness.outcome import judge
 from harness.preflight import optimizer_contract_problem, program_problems
@@ -204,7 +205,7 @@ class Doctor:
     async def _policy_calls(self) -> int | None:
         stats = self.policy_url.removesuffix("/v1") + "/stats"
         try:
-            async with httpx.AsyncClient(timeout=10.0) as http:
+            async with httpx.AsyncClient(timeout=10.0, verify=tls_context()) as http:
                 return int((await http.get(stats)).json().get("total", 0))
         except (httpx.HTTPError, ValueError, AttributeError):
             return None

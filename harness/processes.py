@@ -111,6 +111,8 @@ class ManagedProcess(ServiceHandle):
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
+        from harness.http_pool import tls_context  # aiohttp's import: not for every child that imports this
+
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
@@ -120,7 +122,7 @@ class ManagedProcess(ServiceHandle):
                     f"(log {self.log_path}): {tail}"
                 )
             try:
-                if httpx.get(self.health_url, timeout=2.0).status_code == 200:
+                if httpx.get(self.health_url, timeout=2.0, verify=tls_context()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

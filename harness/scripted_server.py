@@ -177,6 +177,10 @@ class ScriptedModelServer(ScriptedEndpoint):
             startup_timeout_s=startup_timeout_s,
         )
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
     def start(self) -> None:
         self._proc.start()
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.errors import ConfigError, PreflightError
 from harness.gateway.models import GatewaySettings
 from harness.gateway.service import GatewayService
+from harness.http_pool import tls_context
 from harness.processes import ManagedProcess, free_port
 from harness.specs import ContainerSpec, ModelSpec
 
@@ -267,6 +268,6 @@ class Services:
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2.0).status_code == 200
+        return httpx.get(url, timeout=2.0, verify=tls_context()).status_code == 200
     except httpx.HTTPError:
         return False

@@ -35,9 +35,13 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     assert (overlap["ratio_to_limit"] >= 0.99).all()
 
     assert pl.read_parquet(tmp_path / "report_scale.parquet")["rollout_rows"][0] == 100_000
-    assert pl.read_parquet(tmp_path / "gateway_overhead.parquet")["gateway_per_s"][0] > 0
+    gateway = pl.read_parquet(tmp_path / "gateway_overhead.parquet").row(0, named=True)
+    assert gateway["gateway_per_s"] > 0
+    # each process's CPU per call is read from /proc: the gateway's own cost, apart from the load's
+    assert gateway["gateway_cpu_ms_per_call_gateway"] > 0 and gateway["direct_cpu_ms_per_call_upstream"] > 0
+    assert "direct_cpu_ms_per_call_gateway" not in gateway  # the direct arm passes no gateway
 
     summary = (tmp_path / "summary.md").read_text()
     for needle in ("overhead: harness vs bare loop", "overlap: our GEPA", "overlap: gepa library",
-                   "report over 100,000 rollout rows", "gateway vs direct", "Machines: "):
+                   "report over 100,000 rollout rows", "gateway vs direct", "gateway CPU", "Machines: "):
         assert needle in summary, needle

@@ -267,9 +267,10 @@ def test_other_parquet_schema_version_fails(sweep_dir: Path) -> None:
 
 
 def test_regenerating_twice_is_byte_identical(sweep_dir: Path) -> None:
-    first = write_report(str(sweep_dir))
+    """Also whether a second process drew half of the charts or not."""
+    first = write_report(str(sweep_dir), chart_worker=True)
     snapshot = {p.name: p.read_bytes() for p in Path(first.report_dir).iterdir()}
-    second = write_report(str(sweep_dir))
+    second = write_report(str(sweep_dir), chart_worker=False)
     # one proposer in the golden sweep: no proposer-scaling chart
     assert second == first and sorted(Path(p).name for p in first.charts) == sorted(
         f"{name}.{ext}" for name in ("coverage", "best_vs_rollouts", "best_vs_cost_usd", "same_container")

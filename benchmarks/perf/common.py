@@ -51,6 +51,20 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` so far (its own threads, not its children); None
+    once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

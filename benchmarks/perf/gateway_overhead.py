@@ -7,7 +7,12 @@ gateway runs as Services runs it (a child process); the load comes from this pro
 through the harness's own ChatClient (what a container uses for its policy call), one
 call per "rollout", each with its own attributed URL and a distinct prompt. Arms are
 interleaved over rounds and the median is reported, so drift on a shared machine hits
-both alike. Results are printed and written to benchmarks/perf/results/gateway_overhead.parquet.
+both alike. Beside each rate, the CPU milliseconds per call of each process (this load
+generator, the gateway, the upstream), read from /proc around the arm: on a small machine
+all three share the cores, so the rate ratio says as much about the load generator's
+weight as about the gateway's; the gateway's CPU per call is its own cost, and 1000 over it
+the calls per second one gateway process can carry on one core. Results are printed and
+written to benchmarks/perf/results/gateway_overhead.parquet.
 
     python -m benchmarks.perf.gateway_overhead [--concurrency 64] [--requests 1500] [--rounds 3] [--quick]
 """
@@ -21,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.perf.common import write_results  # noqa: E402
+from benchmarks.perf.common import process_cpu_s, write_results  # noqa: E402
 from harness.gateway.models import Announcement, GatewaySettings, LimitSettings, RunRegistration  # noqa: E402
 from harness.gateway.server import GatewayServer  # noqa: E402
 from harness.gateway.service import upstream_for  # noqa: E402
@@ -72,6 +78,19 @@ async def drive(urls: list[str], concurrency: int, salt: str) -> tuple[float, li
     return len(urls) / elapsed, latencies
 
 
+def cpu_ms_per_call(pids: dict[str, int | None], n: int, drive_arm: Callable[[], tuple[float, list[float]]]
+                    ) -> tuple[float, list[float], dict[str, float]]:
+    """drive_arm's (rate, latencies) and the CPU milliseconds per call each process spent on it."""
+    before = {name: process_cpu_s(pid) if pid else None for name, pid in pids.items()}
+    rate, latencies = drive_arm()
+    per_call: dict[str, float] = {}
+    for name, pid in pids.items():
+        start, end = before[name], process_cpu_s(pid) if pid else None
+        if start is not None and end is not None:  # a process gone meanwhile has no figure, not a zero
+            per_call[name] = 1000 * (end - start) / n
+    return rate, latencies, per_call
+
+
 def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: list[str]) -> list[str]:
     """Register and announce, as a run's driver does; the rollouts' capability URLs."""
     registration = RunRegistration(upstreams={"policy": upstream, "proposer": upstream})
@@ -98,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     n, c = args.requests, args.concurrency
     rates: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_cache_miss": [], "gateway_cache_hit": []}
     p50: dict[str, list[float]] = {k: [] for k in rates}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in rates}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, \
             ScriptedModelServer("rules", log_dir=Path(tmp)) as upstream_server:
         spec = ModelSpec(provider="scripted", model="scripted-rules", source="rules")
@@ -110,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
             for gateway in (plain, cached):
                 gateway.register(upstream)
             asyncio.run(drive([upstream_server.base_url] * 200, c, "warmup"))  # connections, imports, JIT-free warmup
+            processes = {arm: {"load": os.getpid(), "upstream": upstream_server.pid,
+                               **({"gateway": (cached if "cache" in arm else plain).pid} if arm != "direct" else {})}
+                         for arm in rates}
             for r in range(args.rounds):
                 run_id = f"bench{r}"
                 scopes = [f"{run_id}-c0000-train:{i}" for i in range(n)]
@@ -118,22 +141,24 @@ def main(argv: list[str] | None = None) -> None:
                     "gateway": register_run(plain, run_id, upstream.name, scopes),
                     "gateway_cache_miss": register_run(cached, run_id, upstream.name, scopes),
                 }
+                # the last arm: the same requests again, new rollouts: every one served from the store
+                arms["gateway_cache_hit"] = register_run(cached, f"{run_id}b", upstream.name, scopes)
                 for arm, urls in arms.items():
-                    rate, lat = asyncio.run(drive(urls, c, salt=f"r{r}"))
+                    rate, lat, per_call = cpu_ms_per_call(processes[arm], n,
+                                                          lambda: asyncio.run(drive(urls, c, salt=f"r{r}")))
                     rates[arm].append(rate)
                     p50[arm].append(statistics.median(lat))
-                # the same requests again, new rollouts: every one served from the store
-                rate, lat = asyncio.run(drive(register_run(cached, f"{run_id}b", upstream.name, scopes), c,
-                                              salt=f"r{r}"))
-                rates["gateway_cache_hit"].append(rate)
-                p50["gateway_cache_hit"].append(statistics.median(lat))
+                    cpu[arm].append(per_call)
                 print(f"round {r}: " + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
     median = {arm: statistics.median(v) for arm, v in rates.items()}
     median_p50 = {arm: statistics.median(v) for arm, v in p50.items()}
+    median_cpu = {arm: {name: statistics.median(r[name] for r in v if name in r) for name in v[0]}
+                  for arm, v in cpu.items()}
     row = {
         "concurrency": c, "requests_per_arm": n, "rounds": args.rounds,
         **{f"{arm}_per_s": value for arm, value in median.items()},
         **{f"{arm}_p50_ms": value * 1000 for arm, value in median_p50.items()},
+        **{f"{arm}_cpu_ms_per_call_{name}": ms for arm, by in median_cpu.items() for name, ms in by.items()},
         "ratio_gateway_vs_direct": median["gateway"] / median["direct"],
         "ratio_cache_miss_vs_direct": median["gateway_cache_miss"] / median["direct"],
         "ratio_cache_hit_vs_direct": median["gateway_cache_hit"] / median["direct"],
@@ -142,7 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ncompletions/s at {c} concurrent requests ({n} per arm, median of {args.rounds} rounds, "
           f"{os.cpu_count()} CPUs):")
     for arm in rates:
-        print(f"  {arm:<20} {median[arm]:8.1f}/s   p50 latency {median_p50[arm] * 1000:7.1f} ms")
+        shares = ", ".join(f"{name} {ms:.2f}" for name, ms in median_cpu[arm].items())
+        print(f"  {arm:<20} {median[arm]:8.1f}/s   p50 latency {median_p50[arm] * 1000:7.1f} ms   "
+              f"CPU ms per call: {shares}")
     print(f"  gateway / direct     {row['ratio_gateway_vs_direct']:.2f}  (cache off, the default)")
     print(f"  written to {where}")
 

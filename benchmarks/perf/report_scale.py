@@ -1,7 +1,8 @@
 """Scale benchmark for the sweep report (not a test): synthetic evidence of 10 million rollout
 rows (100 runs x 100k rows by default, written with pyarrow in chunks through the harness's
 schema), then the report computed from it, timed and with peak RSS measured: the compute alone, the
-report's files without charts (``write_tables``), and the whole ``write_report``.
+report's files without charts (``write_tables``), and the whole ``write_report``, its charts
+drawn in two processes (``write_report``) and in one (``write_report_one_process``).
 
 Each measurement runs in a fresh subprocess so that ``ru_maxrss`` (the process's peak resident
 set) covers the report alone, not the data generation. Figures are printed and written to
@@ -112,12 +113,15 @@ def generate(root: Path, n_runs: int, rows_per_run: int) -> None:
     SweepStore(str(root), SWEEP).write_sweep({"grid": points})
 
 
-PHASES = ("compute", "write_tables", "write_report")  # write_tables: write_report without charts
+# write_tables: write_report without charts; write_report draws half the charts in a second
+# process (the default when a core is to spare), write_report_one_process all in its own
+PHASES = ("compute", "write_tables", "write_report", "write_report_one_process")
 
 
 def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's CPU and its ended children's (the chart worker's)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def measure(sweep_dir: str, phase: str) -> dict[str, float]:
@@ -134,12 +138,14 @@ def measure(sweep_dir: str, phase: str) -> dict[str, float]:
         cells = frames.summary.height
     else:
         out = Path(sweep_dir) / f"report_{phase}"
-        write_report(sweep_dir, out=str(out), charts=phase == "write_report")
+        write_report(sweep_dir, out=str(out), charts=phase != "write_tables",
+                     chart_worker=phase == "write_report")
         cells = pl.read_parquet(out / "summary.parquet").height
     seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    worker_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the chart worker's, if any
     return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mib": peak, "baseline_rss_mib": baseline,
-            "cells": float(cells)}
+            "worker_peak_rss_mib": worker_peak, "cells": float(cells)}
 
 
 def main() -> int:
@@ -175,7 +181,8 @@ def main() -> int:
             results.append({"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
                             **figures, "polars": __import__("polars").__version__})
             print(f"{phase:>12}: {figures['seconds']:.2f}s ({figures['cpu_seconds']:.2f} CPU s), peak RSS "
-                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB), "
+                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB; "
+                  f"chart worker {figures['worker_peak_rss_mib']:.0f} MiB), "
                   f"{rows:,} rollout rows, {size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
         compute = results[0]
         for row in results:  # each phase includes the compute: the ratio is what writing adds to it

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.perf.common import write_results  # noqa: E402
+from benchmarks.perf.common import process_cpu_s, write_results  # noqa: E402
 
 NAME = "scale"
 POOLS = ["pools.train.count=12", "pools.pareto.count=4", "pools.heldout.count=4"]
@@ -80,7 +80,6 @@ PARTS = (("run_actors", b"ray::RunWorker"), ("harness_actors", b"ray::SweepBoard
          ("container", b"benchmarks.containers"), ("gateway", b"harness.gateway"),
          ("model", b"harness.scripted_server"))
 HARNESS_PARTS = ("driver", "run_actors", "harness_actors")
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def _tree(root: int) -> set[int]:
@@ -100,16 +99,6 @@ def _tree(root: int) -> set[int]:
         below.update(children)
         frontier.extend(children)
     return below
-
-
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of `pid` so far (its own threads, not its children)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _part(pid: int, root: int, cmdline: bytes) -> str:
@@ -141,7 +130,7 @@ class MemorySampler(threading.Thread):
                 continue
             if cmdline.startswith(b"ray::"):
                 workers += _kib(pid, "VmRSS") or 0
-            cpu = _cpu_s(pid)
+            cpu = process_cpu_s(pid)
             if cpu is None:
                 continue
             self._cpu[pid] = cpu

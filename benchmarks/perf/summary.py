@@ -40,8 +40,18 @@ def _overlap(df: pl.DataFrame) -> list[Line]:
         out.append((f"overlap: {names.get(row['arm'], row['arm'])}, {row['latency_s'] * 1000:.0f} ms per model call, "
                      f"concurrency {row['concurrency']}",
                      f"{row['optimization_s']:.1f} s for {row['rollouts']} rollouts, "
-                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit{library}", goal))
+                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit"
+                     f"{_factors(row)}{library}", goal))
     return out
+
+
+def _factors(row: dict) -> str:
+    """The ratio to the limit is exactly (a rollout's time / the model call's) x (1 / the slots'
+    occupancy): rollouts slowed by the machine's CPU, and slots the schedule left idle."""
+    if row["arm"] != "gepa" or not row.get("slot_occupancy"):
+        return ""
+    return (f" = {row['mean_rollout_s'] / row['latency_s']:.2f} (a rollout took {row['mean_rollout_s']:.2f} s) "
+            f"x {1 / row['slot_occupancy']:.2f} (slots {row['slot_occupancy']:.0%} busy)")
 
 
 def _scale(df: pl.DataFrame) -> list[Line]:
@@ -75,7 +85,7 @@ def _report_scale(df: pl.DataFrame) -> list[Line]:
         ratio = row.get("ratio_vs_compute")
         versus = "" if ratio is None or row["phase"] == "compute" else \
             f" (**{ratio:.2f}x** compute; CPU {row['cpu_ratio_vs_compute']:.2f}x)"
-        goal = "<= 2x compute" if row["phase"] == "write_report" else ""
+        goal = "<= 2x compute" if row["phase"].startswith("write_report") else ""
         out.append((f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
                     f"{row['seconds']:.1f} s{versus}, peak RSS {row['peak_rss_mib']:.0f} MiB", goal))
     return out
@@ -85,7 +95,17 @@ def _gateway(df: pl.DataFrame) -> list[Line]:
     row = df.row(0, named=True)
     return [(f"gateway vs direct to a fake upstream, {row['concurrency']} concurrent calls",
              f"{row['gateway_per_s']:.0f} vs {row['direct_per_s']:.0f} completions/s "
-             f"(**{row['ratio_gateway_vs_direct']:.2f}**); cache hit {row['gateway_cache_hit_per_s']:.0f}/s", ">= 0.90")]
+             f"(**{row['ratio_gateway_vs_direct']:.2f}**); cache hit {row['gateway_cache_hit_per_s']:.0f}/s"
+             + _gateway_cpu(row), ">= 0.90")]
+
+
+def _gateway_cpu(row: dict) -> str:
+    """The gateway's own CPU per call beside the upstream's, when the run measured it."""
+    gateway, upstream = row.get("gateway_cpu_ms_per_call_gateway"), row.get("direct_cpu_ms_per_call_upstream")
+    if gateway is None or upstream is None:
+        return ""
+    return f"; gateway CPU {gateway:.2f} ms per call (upstream {upstream:.2f}, load generator " \
+           f"{row['direct_cpu_ms_per_call_load']:.2f} direct)"
 
 
 def _cluster(df: pl.DataFrame) -> list[Line]:

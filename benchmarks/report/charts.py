@@ -8,6 +8,7 @@ run gets its optimization trace (trace_chart.py) instead of sweep-shaped charts;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,8 +192,9 @@ def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figu
     return fig
 
 
-def build_charts(frames: ReportFrames) -> dict[str, Figure]:
-    """The figures the chart plan draws, all coloured from one palette."""
+def build_charts(frames: ReportFrames, names: Sequence[str] | None = None) -> dict[str, Figure]:
+    """The figures the chart plan draws (or those of them in `names`), all coloured from one
+    palette."""
     colours = style.palette(frames.summary["label"].drop_nulls().to_list())
     builders = {
         "trace": lambda: trace_figure(frames, colours),
@@ -202,10 +204,36 @@ def build_charts(frames: ReportFrames) -> dict[str, Figure]:
         "proposer_scaling": lambda: proposer_figure(frames, colours),
         "same_container": lambda: same_container_figure(frames, colours),
     }
-    return {name: builders[name]() for name in frames.charts.drawn}
+    return {name: builders[name]() for name in frames.charts.drawn if names is None or name in names}
+
+
+# Relative drawing time of each chart (build and save, 20 cells): what split_charts balances.
+DRAW_COST = {"trace": 3.0, "coverage": 3.0, "best_vs_rollouts": 2.5, "best_vs_cost_usd": 2.5,
+             "same_container": 2.0, "proposer_scaling": 1.0}
+
+
+def split_charts(names: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Two shares of about equal drawing time (largest first, each to the lighter share); a
+    single chart is all in the first."""
+    shares: tuple[list[str], list[str]] = ([], [])
+    cost = [0.0, 0.0]
+    for name in sorted(names, key=lambda n: -DRAW_COST.get(n, 2.0)):
+        lighter = 0 if cost[0] <= cost[1] else 1
+        shares[lighter].append(name)
+        cost[lighter] += DRAW_COST.get(name, 2.0)
+    return tuple(shares[0]), tuple(shares[1])
+
+
+def draw(frames: ReportFrames, out_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Save the charts named (each a PNG and an SVG); a report's charts may be drawn in two
+    processes (chart_worker.py), each drawing its share."""
+    return [path for name, fig in build_charts(frames, names).items() for path in style.save(fig, out_dir, name)]
 
 
 def render_charts(frames: ReportFrames, out_dir: Path) -> list[Path]:
-    figures = build_charts(frames)
-    style.remove_stale(out_dir, [n for n in ("trace", *SWEEP_CHARTS) if n not in figures])
-    return [path for name, fig in figures.items() for path in style.save(fig, out_dir, name)]
+    remove_stale_charts(frames, out_dir)
+    return draw(frames, out_dir, frames.charts.drawn)
+
+
+def remove_stale_charts(frames: ReportFrames, out_dir: Path) -> None:
+    style.remove_stale(out_dir, [n for n in ("trace", *SWEEP_CHARTS) if n not in frames.charts.drawn])

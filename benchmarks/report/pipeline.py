@@ -13,6 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from benchmarks.report import conclusions, io, metrics, trace
+from benchmarks.report.chart_worker import ChartWorker
 from benchmarks.report.frames import ReportFrames, ReportOptions
 from benchmarks.report.markdown import render_markdown
 from harness.evidence.reader import recorded_thresholds
@@ -82,21 +83,42 @@ def compute_report(path: str, options: ReportOptions = ReportOptions()) -> Repor
 
 def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0,
                  task_thresholds: Mapping[str, float] | None = None, out: str | None = None,
-                 charts: bool = True, resamples: int = 1000, ci_seed: int = 0) -> ReportPaths:
+                 charts: bool = True, resamples: int = 1000, ci_seed: int = 0,
+                 chart_worker: bool | None = None) -> ReportPaths:
     """Regenerate ``<sweep_dir>/report/`` (or ``out``) from the evidence alone; ``sweep_dir`` may
     also be one run's directory (a report of that run). Per-task thresholds the sweep recorded
-    (a container's `solved_threshold`) apply unless `task_thresholds` names the task."""
-    per_task = {**recorded_thresholds(io.locate(sweep_dir).root), **(task_thresholds or {})}
+    (a container's `solved_threshold`) apply unless `task_thresholds` names the task.
+    `chart_worker`: draw about half of a sweep's charts in a second process (default: when a
+    core is to spare); the files are the same either way."""
+    target = io.locate(sweep_dir)
+    per_task = {**recorded_thresholds(target.root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),
                             resamples=resamples, ci_seed=ci_seed)
-    if charts:  # matplotlib's import (over half a second) overlaps the compute, which releases the GIL
+    # matplotlib's import (half a second to a second) overlaps the compute, which releases the GIL, in
+    # this process and in a second one that draws about half of a sweep's charts meanwhile
+    worker = ChartWorker.start(chart_worker) if charts and target.run_ids is None else None
+    if charts:
         loader = threading.Thread(target=importlib.import_module, args=("benchmarks.report.charts",), daemon=True)
         loader.start()
-    frames = compute_report(sweep_dir, options)
-    out_dir = Path(out) if out else Path(sweep_dir) / "report"
-    params = {"k": k, "threshold": threshold, "task_thresholds": dict(options.task_thresholds),
-              "ci": f"percentile bootstrap over runs, {options.level:.0%}, {resamples} resamples, seed {ci_seed}",
-              "axes": frames.axes}
+    try:
+        frames = compute_report(sweep_dir, options)
+        out_dir = Path(out) if out else Path(sweep_dir) / "report"
+        written = _write_tables(frames, out_dir, {
+            "k": k, "threshold": threshold, "task_thresholds": dict(options.task_thresholds),
+            "ci": f"percentile bootstrap over runs, {options.level:.0%}, {resamples} resamples, seed {ci_seed}",
+            "axes": frames.axes})
+        chart_paths: list[Path] = []
+        if charts:
+            loader.join()
+            chart_paths = _draw_charts(frames, out_dir, worker)
+    finally:
+        if worker is not None:
+            worker.close()
+    return ReportPaths(report_dir=str(out_dir), **{name: str(path) for name, path in written.items()},
+                       charts=tuple(str(p) for p in chart_paths))
+
+
+def _write_tables(frames: ReportFrames, out_dir: Path, params: dict[str, object]) -> dict[str, Path]:
     written = {
         "summary_parquet": io.write_parquet(frames.summary, out_dir / "summary.parquet"),
         "summary_json": io.write_json(frames.summary, out_dir / "summary.json", parameters=params,
@@ -109,11 +131,18 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     }
     if frames.trace.height:
         written["trace_points"] = io.write_parquet(frames.trace, out_dir / "trace_points.parquet")
-    chart_paths: list[Path] = []
-    if charts:
-        loader.join()
-        from benchmarks.report.charts import render_charts
+    return written
 
-        chart_paths = render_charts(frames, out_dir)
-    return ReportPaths(report_dir=str(out_dir), **{name: str(path) for name, path in written.items()},
-                       charts=tuple(str(p) for p in chart_paths))
+
+def _draw_charts(frames: ReportFrames, out_dir: Path, worker: ChartWorker | None) -> list[Path]:
+    """The plan's charts, in its order; with a worker, its share drawn there meanwhile."""
+    from benchmarks.report.charts import draw, remove_stale_charts, split_charts
+
+    remove_stale_charts(frames, out_dir)
+    drawn = frames.charts.drawn
+    mine, theirs = split_charts(drawn) if worker is not None else (drawn, ())
+    if theirs:
+        worker.send(frames, out_dir, theirs)  # type: ignore[union-attr]
+    paths = draw(frames, out_dir, mine) + (worker.paths() if theirs else [])  # type: ignore[union-attr]
+    order = {name: i for i, name in enumerate(drawn)}
+    return sorted(paths, key=lambda p: (order[p.stem], p.suffix != ".png"))

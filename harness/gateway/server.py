@@ -21,6 +21,7 @@ import uvicorn
 from harness.errors import ConfigError
 from harness.gateway.app import create_app
 from harness.gateway.models import GatewaySettings, Upstream
+from harness.http_pool import tls_context
 from harness.processes import ManagedProcess, ServiceHandle, free_port
 
 ADMIN_TOKEN_ENV = "HARNESS_GATEWAY_ADMIN_TOKEN"
@@ -56,7 +57,7 @@ class GatewayEndpoint(ServiceHandle):
     def register(self, upstream: Upstream) -> None:
         try:
             response = httpx.post(f"{self.url}/admin/upstreams", content=upstream.model_dump_json(),
-                                  headers=self.admin_headers, timeout=10.0)
+                                  headers=self.admin_headers, timeout=10.0, verify=tls_context())
         except httpx.HTTPError as exc:
             raise ConfigError(f"gateway at {self.url} unreachable while registering {upstream.name}: {exc}") from exc
         if response.status_code != 200:
@@ -78,6 +79,10 @@ class GatewayServer(GatewayEndpoint):
         self._proc = ManagedProcess("inference gateway", command, health_url=f"{self.url}/health",
                                     log_path=log_dir / f"gateway-{self.port}.log", env=env,
                                     startup_timeout_s=startup_timeout_s)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     def start(self) -> None:
         self._proc.start()

@@ -13,6 +13,7 @@ import httpx
 
 from harness.gateway.models import GatewaySettings, Upstream, UsageTotals
 from harness.gateway.server import GatewayServer
+from harness.http_pool import tls_context
 from harness.specs import ModelSpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -82,8 +83,9 @@ class GatewayService:
         if self._server is None:
             return None
         try:
-            return UsageTotals.model_validate_json(httpx.get(f"{self._server.url}/usage", timeout=2.0,
-                                                             headers=self._server.admin_headers).content)
+            answer = httpx.get(f"{self._server.url}/usage", timeout=2.0, verify=tls_context(),
+                               headers=self._server.admin_headers)
+            return UsageTotals.model_validate_json(answer.content)
         except (httpx.HTTPError, ValueError):
             return None
 
