@@ -104,7 +104,8 @@ def _check_program(name: str, program: ProgramResponse, expected: list[str] | No
 
 async def _check_pools(client: ContainerClient, name: str, spec: RunSpec, taskset: TasksetResponse) -> dict[str, dict[str, Any]]:
     pools = spec.pools
-    wanted: dict[str, list[str]] = {}
+    # per split, its ids once each in pool order; a dict, as a list's membership test made large pools quadratic
+    wanted: dict[str, dict[str, None]] = {}
     for pool_name in ("train", "pareto", "heldout"):
         for task_id in getattr(pools, pool_name):
             split, _, index = task_id.partition(":")
@@ -114,10 +115,9 @@ async def _check_pools(client: ContainerClient, name: str, spec: RunSpec, taskse
             if not index.isdigit() or int(index) >= taskset.splits[split]:
                 raise PreflightError(f"container {name}: task id {task_id!r} in pool {pool_name} is not in the "
                                      f"taskset ({split} has {taskset.splits[split]} rows)")
-            if task_id not in wanted.setdefault(split, []):
-                wanted[split].append(task_id)
+            wanted.setdefault(split, {})[task_id] = None
     rows: dict[str, dict[str, Any]] = {}
     for split, ids in wanted.items():
-        for task in await client.tasks(split, ids):
+        for task in await client.tasks(split, list(ids)):
             rows[task.task_id] = task.model_dump()
     return rows

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from benchmarks.quality.__main__ import main
-from benchmarks.quality.table import bootstrap_ci, label_variants, pick_changes, runs, summary
+from benchmarks.quality.table import bootstrap_ci, label_variants, pick_changes, runs, summary, top_answer
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,15 @@ def test_runs_of_one_algorithm_with_other_settings_are_other_arms() -> None:
     params = [{"samples": 2, "screen": True}, {"samples": 2, "screen": True}, {"samples": 2}, {}]
     label_variants(rows, params)
     assert [r["arm"] for r in rows] == ["gepa (screen=true)", "gepa (screen=true)", "gepa (screen=absent)", "seed_only"]
+
+
+def test_the_most_common_answer_counts_only_scored_heldout_rows_of_the_candidate(tmp_path: Path) -> None:
+    rows = [("c1", "heldout", "ok", 1.0, "no"), ("c1", "heldout", "ok", 0.0, " no\n"), ("c1", "heldout", "ok", 1.0, "yes"),
+            ("c1", "heldout", "error", None, "yes"),  # failed: not an answer the table counts
+            ("c1", "heldout", "ok", None, "yes"),     # no reward: left out as well
+            ("c1", "pareto", "ok", 1.0, "yes"), ("c2", "heldout", "ok", 1.0, "yes")]
+    pl.DataFrame(rows, schema=["candidate_id", "stage", "status", "reward", "output"], orient="row").write_parquet(
+        tmp_path / "rollouts.parquet")
+    answer, share = top_answer(tmp_path, "c1")
+    assert answer == "no" and share == pytest.approx(2 / 3)
+    assert top_answer(tmp_path, "c3") is None and top_answer(tmp_path, None) is None

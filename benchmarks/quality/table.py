@@ -54,6 +54,22 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def top_answer(run_dir: Path, candidate_id: str | None) -> tuple[str, float] | None:
+    """A candidate's most common answer on its scored heldout rows and its share of them: a
+    lift that comes with one answer taking most rows moved the policy's base rate more than
+    it taught it to tell cases apart."""
+    path = run_dir / "rollouts.parquet"
+    if candidate_id is None or not path.exists():
+        return None
+    answers = pl.read_parquet(path, columns=["candidate_id", "stage", "status", "reward", "output"]).filter(
+        (pl.col("candidate_id") == candidate_id) & (pl.col("stage") == "heldout") & (pl.col("status") == "ok")
+        & pl.col("reward").is_not_null())["output"].fill_null("").str.strip_chars()
+    if answers.is_empty():
+        return None
+    counts = answers.value_counts(sort=True, name="n")  # ties: the first in the rows' order
+    return counts[0, 0], counts[0, "n"] / answers.len()
+
+
 SHOWN_LINES = 12  # of a pick's changed lines, in the table's notes
 
 
@@ -146,6 +162,10 @@ def pick_notes(sweep_dir: Path, per_run: pl.DataFrame) -> list[str]:
         if not changes:
             notes.append(head + ": the seed prompt itself")
             continue
+        spread = [top_answer(run_dir, manifest.get("seed_candidate_id")), top_answer(run_dir, row["pick_id"])]
+        if None not in spread:
+            head += "; most common heldout answer, seed -> pick: " + " -> ".join(
+                f"`{answer[:40]}` {share:.0%}" for answer, share in spread)
         more = f" ({len(changes) - SHOWN_LINES} more lines changed)" if len(changes) > SHOWN_LINES else ""
         notes += [head + more] + [f"  - `` {line[:160]} ``" for line in changes[:SHOWN_LINES]]  # lines hold backticks
     return notes
@@ -172,7 +192,9 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
                      f"{num(row['heldout_rows'], 'd')} | {num(row['rollouts_mean'], '.0f')} | {num(wall, '.1f')} |")
     if notes:
         lines += ["", "## What each run's pick changed", "",
-                  "Lines the pick adds (`+`) to the seed prompt or drops (`-`) from it.", "", *notes]
+                  "Lines the pick adds (`+`) to the seed prompt or drops (`-`) from it, and the most common "
+                  "answer on the heldout rows of seed and pick with its share: one answer on most rows is a "
+                  "shift of the policy's base rate more than a lesson in telling cases apart.", "", *notes]
     return "\n".join(lines) + "\n"
 
 
