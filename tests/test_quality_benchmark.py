@@ -95,3 +95,11 @@ def test_the_most_common_answer_counts_only_scored_heldout_rows_of_the_candidate
     answer, share = top_answer(tmp_path, "c1")
     assert answer == "no" and share == pytest.approx(2 / 3)
     assert top_answer(tmp_path, "c3") is None and top_answer(tmp_path, None) is None
+    assert top_answer(tmp_path, "c2") == ("yes", 1.0)
+
+
+def test_a_tie_between_answers_goes_to_the_first_in_sort_order(tmp_path: Path) -> None:
+    rows = [("c1", "heldout", "ok", 1.0, answer) for answer in ("no", "yes", "yes", "no", "maybe")]
+    pl.DataFrame(rows, schema=["candidate_id", "stage", "status", "reward", "output"], orient="row").write_parquet(
+        tmp_path / "rollouts.parquet")
+    assert top_answer(tmp_path, "c1") == ("no", pytest.approx(2 / 5))

@@ -21,15 +21,23 @@ RUN_COLUMNS = ("task", "arm", "seed", "status", "policy", "proposer", "seed_held
                "optimize_s", "stop_reason", "run_id")
 
 
-def _scored_rows(run_dir: Path, candidate_id: str | None) -> tuple[int, int]:
-    """(heldout rows with a reward, heldout rows without one) of a candidate."""
+def _heldout_rows(run_dir: Path, candidate_id: str | None) -> pl.DataFrame | None:
+    """A candidate's heldout rollouts, each marked `scored` (ok, with a reward) or not."""
     path = run_dir / "rollouts.parquet"
     if candidate_id is None or not path.exists():
+        return None
+    return pl.read_parquet(path, columns=["candidate_id", "stage", "status", "reward", "output"]).filter(
+        (pl.col("candidate_id") == candidate_id) & (pl.col("stage") == "heldout")).with_columns(
+        scored=(pl.col("status") == "ok") & pl.col("reward").is_not_null())
+
+
+def _scored_rows(run_dir: Path, candidate_id: str | None) -> tuple[int, int]:
+    """(heldout rows with a reward, heldout rows without one) of a candidate."""
+    rows = _heldout_rows(run_dir, candidate_id)
+    if rows is None:
         return 0, 0
-    rows = pl.read_parquet(path, columns=["candidate_id", "stage", "status", "reward"]).filter(
-        (pl.col("candidate_id") == candidate_id) & (pl.col("stage") == "heldout"))
-    ok = rows.filter((pl.col("status") == "ok") & pl.col("reward").is_not_null()).height
-    return ok, rows.height - ok
+    scored = rows["scored"].sum()
+    return scored, rows.height - scored
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:
@@ -58,16 +66,13 @@ def top_answer(run_dir: Path, candidate_id: str | None) -> tuple[str, float] | N
     """A candidate's most common answer on its scored heldout rows and its share of them: a
     lift that comes with one answer taking most rows moved the policy's base rate more than
     it taught it to tell cases apart."""
-    path = run_dir / "rollouts.parquet"
-    if candidate_id is None or not path.exists():
+    rows = _heldout_rows(run_dir, candidate_id)
+    answers = None if rows is None else rows.filter("scored")["output"].fill_null("").str.strip_chars()
+    if answers is None or answers.is_empty():
         return None
-    answers = pl.read_parquet(path, columns=["candidate_id", "stage", "status", "reward", "output"]).filter(
-        (pl.col("candidate_id") == candidate_id) & (pl.col("stage") == "heldout") & (pl.col("status") == "ok")
-        & pl.col("reward").is_not_null())["output"].fill_null("").str.strip_chars()
-    if answers.is_empty():
-        return None
-    counts = answers.value_counts(sort=True, name="n")  # ties: the first in the rows' order
-    return counts[0, 0], counts[0, "n"] / answers.len()
+    # a tie goes to the answer first in sort order, so a regenerated table is the same table
+    counts = answers.value_counts(name="n").sort(["n", "output"], descending=[True, False])
+    return counts[0, "output"], counts[0, "n"] / answers.len()
 
 
 SHOWN_LINES = 12  # of a pick's changed lines, in the table's notes
