@@ -6,7 +6,6 @@ goes when the run's evidence is written as done."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -19,7 +18,8 @@ CHECKPOINT_VERSION = 1
 
 
 class RunCheckpoint(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    # NaN and infinities written as json.dumps writes them, so a checkpoint restores what it saved
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
     version: int = CHECKPOINT_VERSION
     run_id: str
     started_at: str
@@ -56,8 +56,9 @@ class CheckpointStore:
 
     def save(self, checkpoint: RunCheckpoint) -> None:
         """Raises OSError when it cannot be written; the previous checkpoint stays whole."""
-        body = json.dumps(checkpoint.model_dump(mode="json"), separators=(",", ":"), default=str).encode()
-        atomic_write(self.path, body, self.fs)
+        # pydantic's own serializer: a dump to Python objects and then json.dumps cost six
+        # times as much with thousands of rollout rows, on every save
+        atomic_write(self.path, checkpoint.model_dump_json(fallback=str).encode(), self.fs)
 
     def clear(self) -> None:
         try:

@@ -86,7 +86,9 @@ class RunContext:
         """What a resumed run needs to go on from here (see harness/checkpoint.py)."""
         return {"usage": asdict(self.usage), "seq": self._seq, "proposal_seq": self.recorder.proposal_seq,
                 "elapsed_s": self.elapsed(), "container_restarts": self.container.restarts,
-                "evidence": asdict(self.recorder.evidence())}
+                # vars, not asdict: the rows are fresh dicts already, and asdict's deep copy of
+                # every field of every row was most of a checkpoint's cost in a long run
+                "evidence": vars(self.recorder.evidence())}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take up a snapshot: candidates, evidence, counters, the clock, and every rollout

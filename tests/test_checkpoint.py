@@ -86,3 +86,25 @@ def test_a_run_killed_during_heldout_resumes_from_its_checkpoint(tmp_path, data_
     assert heldout.height == ev["candidates"].height * len(set(heldout["task_id"]))
     assert {h["candidate_id"] for h in ev["manifest"]["heldout"]} == set(ev["candidates"]["candidate_id"])
     assert not list(checkpoints.glob("*.json"))
+
+
+def test_a_checkpoint_restores_what_it_saved(tmp_path) -> None:
+    """Saved and loaded, the state is the same, a NaN reward and a value JSON has no type for
+    (written as its text) included; the file is JSON a reader of the checkpoint can parse."""
+    from harness.checkpoint import CheckpointStore, RunCheckpoint
+    from harness.evidence.writer import EvidenceLocation
+
+    store = CheckpointStore(EvidenceLocation(str(tmp_path), "local", "run1"), "run1")
+    rows = [{"rollout_id": "r1", "reward": float("nan"), "latency_s": float("inf"), "tags": ["a"]},
+            {"rollout_id": "r2", "reward": 1.0, "latency_s": 0.5, "tags": []}]
+    saved = RunCheckpoint(run_id="run1", started_at="2026-12-03T10:00:00+00:00", stop_reason="max_rollouts",
+                          best_candidate_id="c0001", timings={"preflight_s": 1.5, "optimize_s": 2.0},
+                          state={"evidence": {"rollouts": rows}, "when": Path("/x/y")})
+    store.save(saved)
+    loaded = store.load()
+    assert loaded is not None
+    got = loaded.state["evidence"]["rollouts"]
+    assert got[0]["reward"] != got[0]["reward"] and got[0]["latency_s"] == float("inf")  # NaN stays NaN
+    assert got[1] == rows[1] and loaded.state["when"] == "/x/y"
+    assert loaded.model_dump(exclude={"state"}) == saved.model_dump(exclude={"state"})
+    assert json.loads(Path(store.path).read_text())["best_candidate_id"] == "c0001"

@@ -52,14 +52,11 @@ class ParetoFrontier:
         rows_of: dict[str, frozenset[int]] = {
             c: frozenset(i for i, front in enumerate(fronts) if c in front) for c in self.scores
         }
-        keep = {}
-        for c, rows in rows_of.items():
-            if not rows:
-                continue
-            dominated = any(other != c and rows < other_rows for other, other_rows in rows_of.items())
-            if not dominated:
-                keep[c] = len(rows)
-        return keep
+        # dominance is between row sets: candidates often share one (ties on every row they
+        # lead), so each distinct set is compared once, not each pair of candidates
+        distinct = set(rows_of.values())
+        open_sets = {rows for rows in distinct if rows and not any(rows < other for other in distinct)}
+        return {c: len(rows) for c, rows in rows_of.items() if rows in open_sets}
 
     def sample(self, rng: random.Random) -> str:
         """A parent drawn with probability proportional to the rows it leads."""
