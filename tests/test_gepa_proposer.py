@@ -367,3 +367,45 @@ def test_a_full_examples_section_keeps_its_newest_lines() -> None:
     other = LearnedModule(base=SEED).with_lines("examples", ['- "a fourth one here" -> top_up_failed']).render()
     assert len(LearnedModule.parse(union(module, other, settings.section_caps)).lines("examples")) == 3
     assert len(LearnedModule.parse(union(module, other, SETTINGS.section_caps)).lines("examples")) == 4
+
+
+def test_examples_lead_a_turn_only_when_its_failures_cite_inputs() -> None:
+    from algorithms.gepa.reflect import format_plan
+
+    formats = ("examples", "rules", "answer_guide")
+    uncited = [failure("card_arrival", "exchange_rate")]
+    cited = [cited_failure("card_arrival", "exchange_rate", "my card never came",
+                           {"card_arrival": ("card still not here",)})]
+    # a success's citations do not count: there is nothing to correct
+    cited_success = [RolloutResult(candidate_id="c0", task_id="train:2", reward=1.0, status="ok",
+                                   output="exchange_rate", answer_examples={"exchange_rate": ("what rate",)})]
+    rotation = [["examples", "rules"], ["rules", "answer_guide"], ["answer_guide", "examples"]]
+    leading = [["examples", "rules"], ["examples", "rules", "answer_guide"], ["examples", "answer_guide"]]
+    for turn in range(6):
+        plan = lambda results, first: format_plan(SEED, formats, turn, 2, results, SETTINGS, first)  # noqa: E731
+        # a container that cites nothing gets the plain rotation, whatever the setting
+        assert plan(uncited, True) == plan(uncited, False) == rotation[turn % 3]
+        assert plan(cited_success + uncited, True) == rotation[turn % 3]
+        assert plan(cited, False) == rotation[turn % 3]
+        assert plan(cited, True) == leading[turn % 3]
+    # without `examples` among the formats there is nothing to lead with
+    assert format_plan(SEED, ("rules", "answer_guide"), 0, 2, cited, SETTINGS, True) == ["rules", "answer_guide"]
+
+
+def test_an_examples_edit_adds_up_to_max_cited_lines() -> None:
+    from algorithms.gepa.reflect import cite_examples
+
+    # one line per cited answer of each failure: six in all
+    results = [
+        cited_failure("card_arrival", "exchange_rate", "my card never came",
+                      {"card_arrival": ("card still not here",), "exchange_rate": ("what rate is it today",)}),
+        cited_failure("top_up_failed", "card_arrival", "my top up did not go through",
+                      {"top_up_failed": ("top up was declined today",), "card_arrival": ("where is the card I ordered",)}),
+        cited_failure("refund_not_showing_up", "top_up_failed", "no refund yet",
+                      {"refund_not_showing_up": ("my refund is missing",), "top_up_failed": ("the top up bounced back",)}),
+    ]
+    for max_cited, added in [(None, 2), (3, 3), (16, 6)]:
+        settings = GepaParams(max_new_lines=2, max_cited_lines=max_cited).edit_settings()
+        proposal = cite_examples(SEED, results, settings)
+        assert proposal.added == added
+        assert len(LearnedModule.parse(proposal.text).lines("examples")) == added

@@ -27,7 +27,7 @@ from algorithms.gepa.edits import LearnedModule, union
 from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
-from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format, cite_examples, request
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, cite_examples, format_plan, request
 from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
@@ -53,6 +53,9 @@ class GepaParams(BaseModel):
     max_new_lines: int = Field(default=4, gt=0)  # learned lines one proposal may add
     max_learned_lines: int = Field(default=12, gt=1)  # per section; a full rules section is consolidated
     max_example_lines: int = Field(default=24, gt=0)  # the `examples` section keeps its newest lines
+    max_cited_lines: int | None = Field(default=None, gt=0)  # lines one `examples` edit adds (None: max_new_lines)
+    # a turn whose failures carry cited inputs starts with `examples` (reflect.format_plan)
+    examples_first: bool = False
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
     skip_perfect_minibatch: bool = True
     use_task_info: bool = True
@@ -82,7 +85,8 @@ class GepaParams(BaseModel):
     def edit_settings(self) -> EditSettings:
         return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
                             max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs,
-                            max_example_lines=self.max_example_lines)
+                            max_example_lines=self.max_example_lines,
+                            max_cited_lines=self.max_cited_lines or self.max_new_lines)
 
 
 class MinibatchSampler:
@@ -375,9 +379,10 @@ class GepaOptimizer:
         tokens, latency, error, calls = [0, 0], 0.0, None, 0
         proposal: Proposal | None = None
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
-        edit_format = choose_format(current, params.edit_formats, turn, settings)
-        for attempt in range(params.proposal_attempts):
-            edit_format = choose_format(current, params.edit_formats, turn + attempt, settings)
+        plan = format_plan(current, params.edit_formats, turn, params.proposal_attempts, results, settings,
+                           params.examples_first)
+        edit_format = plan[0]
+        for edit_format in plan:
             if edit_format == "examples":  # the container's citations: no proposer call
                 proposal = cite_examples(current, results, settings)
                 if proposal.status == "changed":

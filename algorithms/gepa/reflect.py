@@ -34,6 +34,7 @@ class EditSettings(BaseModel):
     max_learned_lines: int
     screen_cited_inputs: bool
     max_example_lines: int
+    max_cited_lines: int  # lines one `examples` edit adds
 
     @property
     def section_caps(self) -> dict[str, int]:
@@ -88,6 +89,19 @@ def choose_format(module_text: str, formats: Sequence[str], turn: int, settings:
     if section == "rules" and len(LearnedModule.parse(module_text).lines("rules")) >= settings.max_learned_lines:
         return "consolidate"
     return edit_format
+
+
+def format_plan(module_text: str, formats: Sequence[str], turn: int, attempts: int,
+                results: Sequence[RolloutResult], settings: EditSettings, examples_first: bool) -> list[str]:
+    """The formats one turn tries in order until one changes the module: the rotation's from
+    the `turn`-th on, one per attempt. With `examples_first`, a turn whose failures carry
+    inputs the container cited starts with `examples` (it calls no proposer); a container
+    that cites nothing gets the rotation alone."""
+    plan = [choose_format(module_text, formats, turn + attempt, settings) for attempt in range(attempts)]
+    cited = any(is_failure(r) and r.answer_examples for r in results)
+    if examples_first and cited and "examples" in formats:
+        plan = ["examples", *(f for f in plan if f != "examples")]
+    return plan
 
 
 def request(module_text: str, results: Sequence[RolloutResult], edit_format: str,
@@ -151,7 +165,7 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     cited = [(answer, tuple(t for t in inputs if flat(t) not in own)) for answer, inputs in expected + given]
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
-    new = example_lines(cited, module.all_lines(), settings.max_new_lines)
+    new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
     base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new))
     if not new:
         return Proposal(text=module_text, status="unchanged", **base)
