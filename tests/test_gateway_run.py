@@ -162,7 +162,8 @@ def test_the_key_reaches_neither_the_container_nor_any_file(tmp_path, data_dir, 
 def test_live_usage_on_the_progress_line(tmp_path, data_dir) -> None:
     result = run_cli("models=scripted", f"evidence_root={tmp_path}", f"data_dir={data_dir}", "budget.max_rollouts=30",
                      "pools.train.count=8", "pools.pareto.count=4", "pools.heldout.count=2",
-                     "algorithm.params.minibatch_size=3",
+                     # the rotation, not examples first: this run must call the proposer
+                     "algorithm.params.minibatch_size=3", "algorithm.params.examples_first=false",
                      env={"HARNESS_LIVE_USAGE": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stdout
     assert "policy $0.0000" in result.stdout and "proposer $0.0000" in result.stdout

@@ -77,7 +77,10 @@ def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
 def tracked_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("tracked") / "evidence"
     result = run_cli("models=scripted", "tracking=mlflow", f"evidence_root={root}", f"data_dir={data_dir}",
-                     "pools.heldout.count=20", "budget.max_rollouts=120")
+                     "pools.heldout.count=20", "budget.max_rollouts=120",
+                     # the scripted policy follows learned rules, not quoted examples: the
+                     # proposer's rotation gives the run accepted children to track
+                     "algorithm.params.examples_first=false")
     assert result.returncode == 0, result.stdout[-3000:]
     (run_dir,) = [p for p in (root / "local").iterdir() if (p / "manifest.json").is_file()]
     return {"root": root, "run_dir": run_dir, "stdout": result.stdout,
