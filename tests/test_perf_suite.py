@@ -34,7 +34,11 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     # every model call waits 200 ms: no arm can beat the perfectly packed limit
     assert (overlap["ratio_to_limit"] >= 0.99).all()
 
-    assert pl.read_parquet(tmp_path / "report_scale.parquet")["rollout_rows"][0] == 100_000
+    report_scale = pl.read_parquet(tmp_path / "report_scale.parquet")
+    assert report_scale["rollout_rows"][0] == 100_000 and (report_scale["repeats"] == 2).all()
+    # each ratio is a median of per-round ratios, so it lies within their range
+    assert ((report_scale["ratio_vs_compute_min"] <= report_scale["ratio_vs_compute"])
+            & (report_scale["ratio_vs_compute"] <= report_scale["ratio_vs_compute_max"])).all()
     gateway = pl.read_parquet(tmp_path / "gateway_overhead.parquet").row(0, named=True)
     assert gateway["gateway_per_s"] > 0
     # each process's CPU per call is read from /proc: the gateway's own cost, apart from the load's
@@ -43,5 +47,5 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
 
     summary = (tmp_path / "summary.md").read_text()
     for needle in ("overhead: harness vs bare loop", "overlap: our GEPA", "overlap: gepa library",
-                   "report over 100,000 rollout rows", "gateway vs direct", "gateway CPU", "Machines: "):
+                   "report over 100,000 rollout rows", "over 2 rounds", "gateway vs direct", "gateway CPU", "Machines: "):
         assert needle in summary, needle

@@ -5,10 +5,13 @@ report's files without charts (``write_tables``), and the whole ``write_report``
 drawn in two processes (``write_report``) and in one (``write_report_one_process``).
 
 Each measurement runs in a fresh subprocess so that ``ru_maxrss`` (the process's peak resident
-set) covers the report alone, not the data generation. Figures are printed and written to
+set) covers the report alone, not the data generation. The phases run in rounds (``--repeats``,
+each round all four phases in turn) and each ratio to the compute is taken within its round:
+on a shared 2-core machine one round's ratio moves by a third from run to run, so the figure is
+the median over rounds with its range beside it. Figures are printed and written to
 ``benchmarks/perf/results/report_scale.parquet``.
 
-    python -m benchmarks.perf.report_scale [--runs 100] [--rows-per-run 100000] [--dir DIR] [--keep] [--quick]
+    python -m benchmarks.perf.report_scale [--runs 100] [--rows-per-run 100000] [--repeats 3] [--dir DIR] [--keep] [--quick]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,6 +152,17 @@ def measure(sweep_dir: str, phase: str) -> dict[str, float]:
             "worker_peak_rss_mib": worker_peak, "cells": float(cells)}
 
 
+def summarize_rounds(rounds: list[dict[str, dict[str, float]]], phase: str) -> dict[str, float]:
+    """One phase over the rounds: medians of its figures, and its ratio to the compute taken
+    within each round (each phase includes the compute: the ratio is what writing adds to it)."""
+    ratios = [r[phase]["seconds"] / r["compute"]["seconds"] for r in rounds]
+    cpu_ratios = [r[phase]["cpu_seconds"] / r["compute"]["cpu_seconds"] for r in rounds]
+    medians = {key: statistics.median(r[phase][key] for r in rounds) for key in rounds[0][phase]}
+    return {**medians, "repeats": len(rounds), "ratio_vs_compute": statistics.median(ratios),
+            "ratio_vs_compute_min": min(ratios), "ratio_vs_compute_max": max(ratios),
+            "cpu_ratio_vs_compute": statistics.median(cpu_ratios)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100)
@@ -155,11 +170,14 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="evidence root to (re)use; default: a temp dir, deleted after")
     parser.add_argument("--keep", action="store_true", help="keep the generated evidence")
     parser.add_argument("--results-dir", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="10 runs x 10,000 rows: a smoke run")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the four phases; figures are medians")
+    parser.add_argument("--quick", action="store_true", help="10 runs x 10,000 rows, 2 rounds: a smoke run")
     parser.add_argument("--measure", nargs=2, metavar=("SWEEP_DIR", "PHASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        args.runs, args.rows_per_run = 10, 10_000
+        args.runs, args.rows_per_run, args.repeats = 10, 10_000, 2
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return 0
@@ -173,23 +191,25 @@ def main() -> int:
                   f" at {sweep_dir}")
         size = sum(f.stat().st_size for f in sweep_dir.rglob("rollouts.parquet"))
         rows = sum(pq.read_metadata(f).num_rows for f in sweep_dir.rglob("rollouts.parquet"))
-        results = []
-        for phase in PHASES:
-            out = subprocess.run([sys.executable, __file__, "--measure", str(sweep_dir), phase], check=True,
-                                 capture_output=True, text=True, cwd=REPO)
-            figures = json.loads(out.stdout.strip().splitlines()[-1])
-            results.append({"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
-                            **figures, "polars": __import__("polars").__version__})
-            print(f"{phase:>12}: {figures['seconds']:.2f}s ({figures['cpu_seconds']:.2f} CPU s), peak RSS "
-                  f"{figures['peak_rss_mib']:.0f} MiB (after imports {figures['baseline_rss_mib']:.0f} MiB; "
-                  f"chart worker {figures['worker_peak_rss_mib']:.0f} MiB), "
-                  f"{rows:,} rollout rows, {size / 2**20:.0f} MiB Parquet, {int(figures['cells'])} cells")
-        compute = results[0]
-        for row in results:  # each phase includes the compute: the ratio is what writing adds to it
-            row["ratio_vs_compute"] = row["seconds"] / compute["seconds"]
-            row["cpu_ratio_vs_compute"] = row["cpu_seconds"] / compute["cpu_seconds"]
-        print("vs compute: " + ", ".join(f"{r['phase']} {r['ratio_vs_compute']:.2f}x wall, "
-                                         f"{r['cpu_ratio_vs_compute']:.2f}x CPU" for r in results[1:]))
+        rounds: list[dict[str, dict[str, float]]] = []
+        for round_index in range(args.repeats):
+            figures_by_phase = {}
+            for phase in PHASES:
+                out = subprocess.run([sys.executable, __file__, "--measure", str(sweep_dir), phase], check=True,
+                                     capture_output=True, text=True, cwd=REPO)
+                figures = figures_by_phase[phase] = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"round {round_index + 1}/{args.repeats} {phase:>24}: {figures['seconds']:.2f}s "
+                      f"({figures['cpu_seconds']:.2f} CPU s), peak RSS {figures['peak_rss_mib']:.0f} MiB "
+                      f"(after imports {figures['baseline_rss_mib']:.0f} MiB; chart worker "
+                      f"{figures['worker_peak_rss_mib']:.0f} MiB), {int(figures['cells'])} cells", flush=True)
+            rounds.append(figures_by_phase)
+        print(f"{rows:,} rollout rows, {size / 2**20:.0f} MiB Parquet")
+        results = [{"phase": phase, "rollout_rows": rows, "runs": args.runs, "parquet_mib": size / 2**20,
+                    "polars": __import__("polars").__version__, **summarize_rounds(rounds, phase)}
+                   for phase in PHASES]
+        print("vs compute, median over rounds [range]: " + ", ".join(
+            f"{r['phase']} {r['ratio_vs_compute']:.2f}x wall [{r['ratio_vs_compute_min']:.2f}, "
+            f"{r['ratio_vs_compute_max']:.2f}], {r['cpu_ratio_vs_compute']:.2f}x CPU" for r in results[1:]))
         print(f"results: {write_results('report_scale', results, args.results_dir)}")
     finally:
         if not args.dir and not args.keep:

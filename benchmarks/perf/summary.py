@@ -82,9 +82,12 @@ def _local_model(df: pl.DataFrame) -> list[Line]:
 def _report_scale(df: pl.DataFrame) -> list[Line]:
     out = []
     for row in df.iter_rows(named=True):
-        ratio = row.get("ratio_vs_compute")
+        ratio, low, rounds = row.get("ratio_vs_compute"), row.get("ratio_vs_compute_min"), row.get("repeats")
+        spread = "" if low is None else f", range {low:.2f}-{row['ratio_vs_compute_max']:.2f} over {rounds} rounds"
         versus = "" if ratio is None or row["phase"] == "compute" else \
-            f" (**{ratio:.2f}x** compute; CPU {row['cpu_ratio_vs_compute']:.2f}x)"
+            f" (**{ratio:.2f}x** compute{spread}; CPU {row['cpu_ratio_vs_compute']:.2f}x)"
+        if rounds is not None and rounds > 1:
+            versus = f" median{versus}"
         goal = "<= 2x compute" if row["phase"].startswith("write_report") else ""
         out.append((f"report over {row['rollout_rows']:,} rollout rows: {row['phase']}",
                     f"{row['seconds']:.1f} s{versus}, peak RSS {row['peak_rss_mib']:.0f} MiB", goal))
