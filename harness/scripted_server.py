@@ -77,6 +77,9 @@ def make_script(name: str, replies: list[str] | None = None) -> Script:
 def create_app(script: Script) -> FastAPI:
     app = FastAPI(title=f"scripted model ({script.name})")
     counts: dict[str, int] = {"policy": 0, "proposer": 0}
+    # calls being answered now, and the most there were at once: what ran beside what
+    in_flight: dict[str, int] = {"policy": 0, "proposer": 0}
+    peak_in_flight: dict[str, int] = {"policy": 0, "proposer": 0}
     served = {"n": 0}
 
     # async handlers run on one event loop, so counters and the queue need no lock
@@ -88,6 +91,14 @@ def create_app(script: Script) -> FastAPI:
             m["content"] = m.get("content") if isinstance(m.get("content"), str) else ""
         role = role_of(messages)
         counts[role] += 1
+        in_flight[role] += 1
+        peak_in_flight[role] = max(peak_in_flight[role], in_flight[role])
+        try:
+            return await _answer(body, messages, role)
+        finally:
+            in_flight[role] -= 1
+
+    async def _answer(body: dict[str, Any], messages: list[dict[str, Any]], role: str) -> JSONResponse:
         if script.latency_s:
             await asyncio.sleep(script.latency_s)
         refused, forced = await flaky_answer(script, body)
@@ -126,7 +137,8 @@ def create_app(script: Script) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         faults = dict(script.faults) if isinstance(script, FlakyScript) else {}
-        return {"script": script.name, "requests": dict(counts), "total": sum(counts.values()), "faults": faults}
+        return {"script": script.name, "requests": dict(counts), "total": sum(counts.values()), "faults": faults,
+                "peak_in_flight": dict(peak_in_flight)}
 
     return app
 

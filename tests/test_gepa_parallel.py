@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import polars as pl
 import pytest
 
@@ -67,18 +68,24 @@ def test_beside_others_an_iteration_starts_only_if_its_child_could_be_scored(tmp
     assert budget - spent < 3 + 3 + 5
 
 
-def test_samples_drawn_together_take_one_round_trip(tmp_path, data_dir, banking77_url, slow_policy, bank) -> None:
+@pytest.mark.parametrize("together", [True, False])
+def test_a_turn_drawn_together_asks_its_whole_plan_in_one_round_trip(tmp_path, data_dir, banking77_url,
+                                                                     scripted_policy, bank, together: bool) -> None:
+    """The turn's plan is answer_guide then rules; the scripted proposer writes rule lines, so
+    the first format screens out and the second changes the module, either way. Drawn together,
+    both requests and their samples were in flight at once; one by one, never two calls."""
     spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:12],
                          pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=20,
-                         params={"minibatch_size": 3, "proposal_samples": 2, "proposal_attempts": 1,
-                                 "sample_together": True})
-    outcome = execute(spec, banking77_url, slow_policy.base_url)
+                         params={"minibatch_size": 3, "edit_formats": ["answer_guide", "rules"],
+                                 "examples_first": False, "proposal_samples": 2, "proposal_attempts": 2,
+                                 "lines_wanted": 1, "sample_together": together})
+    with ScriptedModelThread("rules?latency_s=0.2") as proposer:
+        outcome = execute(spec, banking77_url, scripted_policy.base_url, proposer.base_url)
+        peak = httpx.get(proposer.stats_url, timeout=5).json()["peak_in_flight"]["proposer"]
     assert outcome.status == "done", outcome.error
-    ev = read_evidence(outcome.evidence_dir)
-    first = ev["proposals"].sort("iteration").row(0, named=True)
-    assert first["attempts"] == 2 and first["child_id"] is not None  # no early stop: both samples drawn
-    created = ev["candidates"].filter(pl.col("candidate_id") == first["child_id"])["elapsed_s_at_creation"].item()
-    parent_scored = spans(ev).filter((pl.col("candidate_id") == first["parent_id"]) & (pl.col("stage") == "minibatch")
-                                     & (pl.col("elapsed_s") <= created))["elapsed_s"].max()
-    # one after the other, the proposal would take at least the two calls' latencies together
-    assert created - parent_scored < first["latency_s"]
+    first = read_evidence(outcome.evidence_dir)["proposals"].sort("iteration").row(0, named=True)
+    assert first["edit_format"] == "rules" and first["child_id"] is not None
+    if together:
+        assert peak == 4 and first["attempts"] == 4  # 2 requests x 2 samples, all at once
+    else:
+        assert peak == 1 and first["attempts"] == 3  # answer_guide's 2 samples, then 1 rules line was enough

@@ -27,13 +27,12 @@ from algorithms.gepa.edits import LearnedModule, union
 from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
-from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, cite_examples, format_plan, request
+from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
+from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, format_plan
 from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
-from harness.errors import FailureKind, ServiceError
-from harness.llm import ChatMessage, ChatResult
 
 
 class GepaParams(BaseModel):
@@ -62,8 +61,9 @@ class GepaParams(BaseModel):
     max_idle_iterations: int = Field(default=25, gt=0)  # stop when iterations stop spending rollouts
     max_proposer_errors: int = Field(default=3, gt=0)  # consecutive failed proposer calls that fail the run
     parallel_proposals: int = Field(default=1, gt=0)  # iterations in flight at once (1: the sequential loop)
-    # draw a request's proposal_samples at once: one proposer round trip instead of one per
-    # sample, at the price of samples the early stop (lines_wanted) would have saved
+    # a turn's proposer requests (each attempt's format, each with proposal_samples samples) go
+    # out at once: one round trip a turn, at the price of the calls the early stops
+    # (lines_wanted, the next attempt only when nothing survived) would have saved (propose.py)
     sample_together: bool = False
     # drop a learned line that quotes an input the container cited for another answer
     # (`answer_examples`); off reproduces the screen before the container cited inputs
@@ -196,7 +196,7 @@ class GepaOptimizer:
         return pick
 
     def _start_loop(self, ctx: RunView, minibatch_rows: tuple[str, ...]) -> None:
-        self._proposer_errors = 0
+        self._health = ProposerHealth(self.params.max_proposer_errors)
         self._rotation = Rotation(ctx.target_modules)
         self._sampler = MinibatchSampler(minibatch_rows, ctx.rng)
 
@@ -365,90 +365,43 @@ class GepaOptimizer:
     # ---- reflection ---------------------------------------------------------------------
 
     async def _propose(
-        self, ctx: RunView, parent: Candidate, module: str, turn: int, results: list[RolloutResult],
+        self, ctx: RunView, parent: Candidate, module: str, turn_index: int, results: list[RolloutResult],
         iteration: int, parent_score: float | None,
     ) -> tuple[Candidate, dict[str, Any]] | None:
         params = self.params
         field = ctx.program.field_of(module)
         current = parent.texts[field]
-        task_info = ctx.task_info if params.use_task_info else None
         settings = params.edit_settings()
         temperature = params.proposer_temperature if params.proposer_temperature is not None \
             else ctx.spec.proposer.temperature
-        max_tokens = params.proposer_max_tokens or ctx.spec.proposer.max_tokens
-        tokens, latency, error, calls = [0, 0], 0.0, None, 0
-        proposal: Proposal | None = None
-        scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
-        plan = format_plan(current, params.edit_formats, turn, params.proposal_attempts, results, settings,
+        inputs = TurnInputs(current=current, results=results, settings=settings,
+                            task_info=ctx.task_info if params.use_task_info else None,
+                            samples=params.proposal_samples, lines_wanted=params.lines_wanted,
+                            sampling={"temperature": temperature,
+                                      "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens})
+        plan = format_plan(current, params.edit_formats, turn_index, params.proposal_attempts, results, settings,
                            params.examples_first)
-        edit_format = plan[0]
-        for edit_format in plan:
-            if edit_format == "examples":  # the container's citations: no proposer call
-                proposal = cite_examples(current, results, settings)
-                if proposal.status == "changed":
-                    break
-                continue
-            messages = request(current, results, edit_format, task_info, settings)
-            replies: list[ChatResult] = []
-            try:
-                if params.sample_together:
-                    await _sample_together(ctx, messages, params.proposal_samples, replies, temperature=temperature,
-                                           max_tokens=max_tokens, scopes=scopes)
-                else:
-                    for _ in range(params.proposal_samples):
-                        replies.append(await ctx.propose(messages, temperature=temperature, max_tokens=max_tokens,
-                                                         scopes=scopes))
-                        proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
-                        if proposal.enough(params.lines_wanted):
-                            break
-            except ServiceError as exc:
-                # An endpoint that keeps failing (after the client's retries) fails the run.
-                self._proposer_errors += 1
-                if exc.kind is FailureKind.FATAL or self._proposer_errors >= params.max_proposer_errors:
-                    raise
-                error = str(exc)
-                if not replies:
-                    break
-            else:
-                self._proposer_errors = 0
-            finally:
-                for reply in replies:
-                    calls += 1
-                    tokens[0] += reply.prompt_tokens
-                    tokens[1] += reply.completion_tokens
-                    latency += reply.latency_s
-            proposal = apply(current, messages, replies, edit_format, results, task_info, settings)
-            if proposal.status == "changed" or error is not None:
-                break
+        scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
+        turn = await (at_once if params.sample_together else one_by_one)(ctx, plan, inputs, self._health, scopes)
+        proposal = turn.proposal
         status = proposal.status if proposal is not None else "error"
         fields = {
             "iteration": iteration, "parent_id": parent.candidate_id, "module": module,
-            "proposer_model": ctx.spec.proposer.model if calls else None, "edit_format": edit_format,
-            "attempts": calls,
+            "proposer_model": ctx.spec.proposer.model if turn.calls else None, "edit_format": turn.edit_format,
+            "attempts": turn.calls,
             "status": status, "changed": status == "changed", "parent_minibatch_score": parent_score,
-            "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "latency_s": latency,
-            "cost_usd": ctx.proposer_cost(tokens[0], tokens[1]), "error": error, "proposer_scopes": scopes,
+            "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+            "latency_s": turn.latency_s, "cost_usd": ctx.proposer_cost(turn.prompt_tokens, turn.completion_tokens),
+            "error": turn.error, "proposer_scopes": scopes,
             **(_proposal_record(proposal) if proposal is not None else {}),
         }
         if proposal is None or status != "changed":
             ctx.record_proposal(**fields, accepted=False)
-            ctx.event("proposal_rejected", f"proposal {status}", iteration=iteration, edit_format=edit_format,
+            ctx.event("proposal_rejected", f"proposal {status}", iteration=iteration, edit_format=turn.edit_format,
                       screened_out=proposal.dropped if proposal else None)
             return None
         child = ctx.add_candidate({**parent.texts, field: proposal.text}, (parent.candidate_id,), "proposal")
         return child, fields
-
-
-async def _sample_together(ctx: RunView, messages: list[ChatMessage], samples: int, replies: list[ChatResult],
-                           **settings: Any) -> None:
-    """Draw all of a request's samples at once into `replies` (in request order); the first
-    failure is raised once every call has ended, with the replies that did arrive kept."""
-    outcomes = await asyncio.gather(*(ctx.propose(messages, **settings) for _ in range(samples)),
-                                    return_exceptions=True)
-    replies.extend(o for o in outcomes if isinstance(o, ChatResult))
-    failures = [o for o in outcomes if isinstance(o, BaseException)]
-    if failures:
-        raise failures[0]
 
 
 def _proposal_record(proposal: Proposal) -> dict[str, Any]:
