@@ -79,7 +79,8 @@ def test_a_turn_drawn_together_asks_its_whole_plan_in_one_round_trip(tmp_path, d
                          params={"minibatch_size": 3, "edit_formats": ["answer_guide", "rules"],
                                  "examples_first": False, "proposal_samples": 2, "proposal_attempts": 2,
                                  "lines_wanted": 1, "sample_together": together})
-    with ScriptedModelThread("rules?latency_s=0.2") as proposer:
+    # a second per call: all four are surely in flight together when sent together
+    with ScriptedModelThread("rules?latency_s=1") as proposer:
         outcome = execute(spec, banking77_url, scripted_policy.base_url, proposer.base_url)
         peak = httpx.get(proposer.stats_url, timeout=5).json()["peak_in_flight"]["proposer"]
     assert outcome.status == "done", outcome.error

@@ -105,9 +105,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
             health.answered()
         finally:
             turn.count(replies)
-        if turn.error is not None and not replies:
-            break
-        turn.proposal = _screen(inputs, messages, replies, edit_format)
+        # the screen ran after every reply: turn.proposal already holds this request's result
         if turn.changed or turn.error is not None:
             break
     return turn

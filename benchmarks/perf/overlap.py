@@ -9,8 +9,8 @@ rollouts it spent, at most the budget, perfectly packed); each arm's optimizatio
 last optimization rollout) is reported against it. Arms:
 
 - `gepa`: ours with `parallel_proposals` = concurrency / minibatch, so the slots stay full,
-  and a request's proposer samples drawn together (`sample_together`: one round trip, not
-  one per sample; `--no-sample-together` measures without);
+  and a turn's proposer requests drawn together (`sample_together`: every attempt's request
+  with its samples in one round trip; `--no-sample-together` measures without);
 - `gepa_sequential`: ours with one iteration at a time (the loop before parallel proposals);
 - `gepa_ai`: the reference library, which runs one iteration at a time by design.
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--proposals-per-slot", type=float, default=1.0,
                         help="our parallel_proposals = this x concurrency / minibatch")
     parser.add_argument("--sample-together", action=argparse.BooleanOptionalAction, default=True,
-                        help="the gepa arm draws a request's proposer samples at once")
+                        help="the gepa arm sends a turn's proposer requests and samples at once")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--results-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="budget 48 at concurrency 1 and 16: a smoke run")
