@@ -37,10 +37,12 @@ def _overlap(df: pl.DataFrame) -> list[Line]:
         library = "" if row["arm"] == "gepa_ai" or row["ratio_to_library"] is None else \
             f"; {row['ratio_to_library']:.2f}x the library's time"
         goal = "<= 1.5x limit" if row["concurrency"] in (16, 64) and row["arm"] == "gepa" else ""
+        rounds = row.get("rounds") or 1
+        spread = f" (median of {rounds} runs, {row['ratio_min']:.2f}x-{row['ratio_max']:.2f}x)" if rounds > 1 else ""
         out.append((f"overlap: {names.get(row['arm'], row['arm'])}, {row['latency_s'] * 1000:.0f} ms per model call, "
                      f"concurrency {row['concurrency']}",
                      f"{row['optimization_s']:.1f} s for {row['rollouts']} rollouts, "
-                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit"
+                     f"**{row['ratio_to_limit']:.2f}x** the {row['limit_s']:.1f} s limit{spread}"
                      f"{_factors(row)}{library}", goal))
     return out
 
