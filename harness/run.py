@@ -23,6 +23,7 @@ from harness.errors import HarnessError, PreflightError, Unreachable, hide_capab
 from harness.evidence.recorder import model_call_rows
 from harness.evidence.writer import EvidenceLocation
 from harness.gateway.session import GatewaySession
+from harness.heap import HeapFreeze
 from harness.llm import ChatClient
 from harness.preflight import PreflightResult, preflight
 from harness.pricing import PRICE_TABLE_VERSION
@@ -187,6 +188,7 @@ async def execute_run(
     proposer = ChatClient(endpoints.proposer_url, spec.proposer.model,
                           api_key_env=None if gateway else spec.proposer.api_key_env,
                           timeout_s=spec.proposer.timeout_s, gate=proposer_gate)
+    heap = HeapFreeze()
     try:
         checked, restarted_for = await _preflight(client, spec, restart_container)
         if gateway is not None:
@@ -204,6 +206,7 @@ async def execute_run(
         if restarted_for is not None:
             ctx.restarted_before_start(restarted_for)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
+        heap.hold()  # from here the run's own allocations are what the collector walks
         t_opt = time.monotonic()
         timings = {"preflight_s": t_opt - t0, "optimize_s": 0.0}
 
@@ -254,6 +257,7 @@ async def execute_run(
         if status == "done":
             checkpoints.clear()
     finally:
+        heap.release()
         await client.aclose()
         await proposer.aclose()
         if gateway is not None:

@@ -21,6 +21,7 @@ import uvicorn
 from harness.errors import ConfigError
 from harness.gateway.app import create_app
 from harness.gateway.models import GatewaySettings, Upstream
+from harness.heap import freeze_loaded
 from harness.http_pool import tls_context
 from harness.processes import ManagedProcess, ServiceHandle, free_port
 
@@ -115,5 +116,6 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(settings, admin_token=admin_token, upstreams=upstreams)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
+    freeze_loaded()
     # loopback only, behind no proxy: no X-Forwarded-* rewriting on every request
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, proxy_headers=False)

@@ -32,6 +32,7 @@ from harness.contract import (
     CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest, RolloutResponse, SideInfo, TasksRequest,
 )
 from harness.errors import HarnessError
+from harness.heap import freeze_loaded
 from harness.http_pool import SharedSession
 
 log = logging.getLogger("benchmarks.containers.kit")
@@ -272,6 +273,7 @@ def serve(container_factory: Callable[[str | None], TaskContainer], argv: list[s
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     app = build_app(container, api_key_env=args.api_key_env, policy_key_env=args.policy_key_env)
+    freeze_loaded()
     # bounded shutdown: on SIGTERM (also the harness's death signal) a request that hangs
     # (a stuck policy call) must not keep this process alive after the harness is gone
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
