@@ -87,6 +87,11 @@ def one_run(services: Services, spec: RunSpec) -> dict[str, Any]:
             "mean_rollout_s": float(spans.mean() or 0.0), "slot_occupancy": busy}
 
 
+def to_limit(run: dict[str, Any], concurrency: int, latency_s: float) -> float:
+    """A run's time over its limit: the rollouts it spent, perfectly packed into the slots."""
+    return run["optimization_s"] * concurrency / (run["rollouts"] * latency_s)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated rollouts in flight")
@@ -117,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
                                                    Path(tmp) / f"{arm}-{concurrency}-{r}", args.proposals_per_slot,
                                                    args.sample_together))
                         for r in range(rounds)]
-                got = sorted(runs, key=lambda run: run["optimization_s"] / run["rollouts"])[len(runs) // 2]
-                limit = got["rollouts"] * args.latency / concurrency  # the rollouts it spent, perfectly packed
-                ratios = sorted(run["optimization_s"] * concurrency / (run["rollouts"] * args.latency) for run in runs)
+                ratios = sorted(to_limit(run, concurrency, args.latency) for run in runs)
+                got = sorted(runs, key=lambda run: to_limit(run, concurrency, args.latency))[len(runs) // 2]
+                limit = got["rollouts"] * args.latency / concurrency
                 row = {"arm": arm, "concurrency": concurrency, "budget": args.budget, "latency_s": args.latency,
                        "sample_together": arm == "gepa" and args.sample_together, "rounds": rounds,
                        "ratio_min": ratios[0], "ratio_max": ratios[-1],

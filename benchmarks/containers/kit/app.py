@@ -13,7 +13,7 @@ import hmac
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -80,7 +80,7 @@ class RolloutFirst:
     FastAPI's: a body that does not validate gets 422 with sanitized errors, an exception the
     app has a handler for (HTTPException, a container's own) gets that handler's response."""
 
-    def __init__(self, app: FastAPI, handle: Callable[[RolloutRequest], Any]) -> None:
+    def __init__(self, app: FastAPI, handle: Callable[[RolloutRequest], Awaitable[RolloutResponse]]) -> None:
         self.app = app
         self.handle = handle
 
@@ -99,7 +99,7 @@ class RolloutFirst:
             await JSONResponse({"detail": _sanitized_errors(errors)}, status_code=422)(scope, receive, send)
             return
         try:
-            done: RolloutResponse = await self.handle(req)
+            done = await self.handle(req)
         except Exception as exc:
             handler = exception_handler(self.app, exc)
             if handler is None:
@@ -232,7 +232,7 @@ def build_app(
         except HarnessError as exc:
             done = failed_response(req, exc, trace)
         except Exception as exc:  # the container's own code: an error row, not a 500 the harness retries
-            if isinstance(exc, HTTPException) or exception_handler(app, exc) is not None:
+            if exception_handler(app, exc) is not None:  # HTTPException's among them
                 raise  # a deliberate HTTP answer
             code_errors.log("rollout", req.task_id, exc)
             done = failed_response(req, exc, trace)
