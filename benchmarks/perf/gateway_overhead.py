@@ -1,6 +1,9 @@
 """Gateway overhead benchmark (not a test): completions per second at a fixed number of
 concurrent requests, straight to a fake OpenAI-compatible upstream vs through the
-inference gateway to the same upstream, in one invocation.
+inference gateway to the same upstream, in one invocation; a third arm goes through a bare
+proxy on the gateway's own stack (`bare_proxy.py`: uvicorn, raw ASGI, aiohttp, no logic),
+the floor of any gateway built on it, so the gap to direct splits into the hop's cost and
+the gateway's own.
 
 The upstream is the scripted model (`harness.scripted_server`, a child process); the
 gateway runs as Services runs it (a child process); the load comes from this process
@@ -35,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf.bare_proxy import BareProxy  # noqa: E402
 from benchmarks.perf.common import process_cpu_s, write_results  # noqa: E402
 from harness.gateway.models import Announcement, GatewaySettings, LimitSettings, RunRegistration  # noqa: E402
 from harness.gateway.server import GatewayServer  # noqa: E402
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.requests, args.rounds = 200, 1
     n, c = args.requests, args.concurrency
-    rates: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_cache_miss": [], "gateway_cache_hit": []}
+    rates: dict[str, list[float]] = {"direct": [], "bare_proxy": [], "gateway": [], "gateway_cache_miss": [],
+                                     "gateway_cache_hit": []}
     p50: dict[str, list[float]] = {k: [] for k in rates}
     cpu: dict[str, list[dict[str, float]]] = {k: [] for k in rates}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, \
@@ -126,18 +131,20 @@ def main(argv: list[str] | None = None) -> None:
         plain = GatewayServer(GatewaySettings(limits=limits), log_dir=Path(tmp))
         cached = GatewayServer(GatewaySettings(limits=limits, cache="read_write", cache_path=f"{tmp}/store.sqlite"),
                                log_dir=Path(tmp))
-        with plain, cached:
+        proxy = BareProxy(upstream_server.base_url.removesuffix("/v1"), log_dir=Path(tmp))
+        with plain, cached, proxy:
             for gateway in (plain, cached):
                 gateway.register(upstream)
             asyncio.run(drive([upstream_server.base_url] * 200, c, "warmup"))  # connections, imports, JIT-free warmup
-            processes = {arm: {"load": os.getpid(), "upstream": upstream_server.pid,
-                               **({"gateway": (cached if "cache" in arm else plain).pid} if arm != "direct" else {})}
-                         for arm in rates}
+            servers = {"direct": {}, "bare_proxy": {"proxy": proxy.pid}, "gateway": {"gateway": plain.pid},
+                       "gateway_cache_miss": {"gateway": cached.pid}, "gateway_cache_hit": {"gateway": cached.pid}}
+            processes = {arm: {"load": os.getpid(), "upstream": upstream_server.pid, **servers[arm]} for arm in rates}
             for r in range(args.rounds):
                 run_id = f"bench{r}"
                 scopes = [f"{run_id}-c0000-train:{i}" for i in range(n)]
                 arms = {
                     "direct": [upstream_server.base_url] * n,
+                    "bare_proxy": [proxy.base_url] * n,
                     "gateway": register_run(plain, run_id, upstream.name, scopes),
                     "gateway_cache_miss": register_run(cached, run_id, upstream.name, scopes),
                 }
@@ -160,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         **{f"{arm}_p50_ms": value * 1000 for arm, value in median_p50.items()},
         **{f"{arm}_cpu_ms_per_call_{name}": ms for arm, by in median_cpu.items() for name, ms in by.items()},
         "ratio_gateway_vs_direct": median["gateway"] / median["direct"],
+        "ratio_bare_proxy_vs_direct": median["bare_proxy"] / median["direct"],
+        "ratio_gateway_vs_bare_proxy": median["gateway"] / median["bare_proxy"],
         "ratio_cache_miss_vs_direct": median["gateway_cache_miss"] / median["direct"],
         "ratio_cache_hit_vs_direct": median["gateway_cache_hit"] / median["direct"],
     }
@@ -171,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {arm:<20} {median[arm]:8.1f}/s   p50 latency {median_p50[arm] * 1000:7.1f} ms   "
               f"CPU ms per call: {shares}")
     print(f"  gateway / direct     {row['ratio_gateway_vs_direct']:.2f}  (cache off, the default)")
+    print(f"  bare proxy / direct  {row['ratio_bare_proxy_vs_direct']:.2f}  (the floor of a gateway on this stack)")
+    print(f"  gateway / bare proxy {row['ratio_gateway_vs_bare_proxy']:.2f}  (the gateway's own work)")
     print(f"  written to {where}")
 
 
