@@ -44,8 +44,12 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     # each process's CPU per call is read from /proc: the gateway's own cost, apart from the load's
     assert gateway["gateway_cpu_ms_per_call_gateway"] > 0 and gateway["direct_cpu_ms_per_call_upstream"] > 0
     assert "direct_cpu_ms_per_call_gateway" not in gateway  # the direct arm passes no gateway
+    # the bare proxy's arm: the hop alone, its own process measured, no gateway in its path
+    assert gateway["bare_proxy_per_s"] > 0 and gateway["bare_proxy_cpu_ms_per_call_proxy"] > 0
+    assert "bare_proxy_cpu_ms_per_call_gateway" not in gateway
 
     summary = (tmp_path / "summary.md").read_text()
     for needle in ("overhead: harness vs bare loop", "overlap: our GEPA", "overlap: gepa library",
-                   "report over 100,000 rollout rows", "over 2 rounds", "gateway vs direct", "gateway CPU", "Machines: "):
+                   "report over 100,000 rollout rows", "over 2 rounds", "gateway vs direct", "gateway CPU", "a bare proxy on the same stack",
+                   "Machines: "):
         assert needle in summary, needle

@@ -101,7 +101,17 @@ def _gateway(df: pl.DataFrame) -> list[Line]:
     return [(f"gateway vs direct to a fake upstream, {row['concurrency']} concurrent calls",
              f"{row['gateway_per_s']:.0f} vs {row['direct_per_s']:.0f} completions/s "
              f"(**{row['ratio_gateway_vs_direct']:.2f}**); cache hit {row['gateway_cache_hit_per_s']:.0f}/s"
-             + _gateway_cpu(row), ">= 0.90")]
+             + _gateway_cpu(row) + _bare_proxy(row), ">= 0.90")]
+
+
+def _bare_proxy(row: dict) -> str:
+    """The floor of a gateway on its stack (a proxy with no logic), when the run measured it."""
+    if row.get("bare_proxy_per_s") is None:
+        return ""
+    return (f"; a bare proxy on the same stack {row['bare_proxy_per_s']:.0f}/s "
+            f"(**{row['ratio_bare_proxy_vs_direct']:.2f}** of direct, its CPU "
+            f"{row['bare_proxy_cpu_ms_per_call_proxy']:.2f} ms per call): the gateway is "
+            f"{row['ratio_gateway_vs_bare_proxy']:.2f} of it")
 
 
 def _gateway_cpu(row: dict) -> str:
