@@ -17,14 +17,14 @@ from pathlib import Path
 
 import aiohttp
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from harness.processes import ManagedProcess, ServiceHandle, free_port
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-def create_app(upstream: str):  # type: ignore[no-untyped-def]
+def create_app(upstream: str) -> ASGIApp:
     """The ASGI app: `/health` answers itself, every other request goes upstream unchanged
     (path, method and body) and its status and body come back."""
     session: aiohttp.ClientSession | None = None
@@ -47,7 +47,7 @@ def create_app(upstream: str):  # type: ignore[no-untyped-def]
         if scope["path"] == "/health":
             status, content = 200, b'{"status": "ok"}'
         else:
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 message = await receive()
                 chunks.append(message.get("body", b""))
