@@ -4,7 +4,8 @@ refused without reading a byte; a chunked body is counted as it arrives and refu
 as it crosses the limit.
 
 Used by the inference gateway and the container kit. Default limit: the environment's
-HARNESS_MAX_BODY_BYTES, else 8 MiB."""
+HARNESS_MAX_BODY_BYTES, else 8 MiB. `read_body` is the whole-body read of a raw ASGI route
+(the paths that skip the framework's request object)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import os
 
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_ENV = "HARNESS_MAX_BODY_BYTES"
@@ -67,6 +69,18 @@ class BodyLimit:
         except BodyTooLarge:
             if not started:
                 await _refuse(send, limit)
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The request's body, chunks joined; ClientDisconnect when the client left mid-body."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def _refuse(send: Send, limit: int) -> None:

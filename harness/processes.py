@@ -167,3 +167,37 @@ class ManagedProcess(ServiceHandle):
             except ProcessLookupError:
                 pass
             proc.wait(timeout=grace_s)
+
+
+class ProcessService(ServiceHandle):
+    """A service that is one ManagedProcess (`_proc`, set by the subclass): started,
+    stopped and identified through it."""
+
+    _proc: ManagedProcess
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self._proc.log_path
+
+    def start(self) -> None:
+        self._proc.start()
+
+    def spawn(self) -> None:
+        self._proc.spawn()
+
+    def wait_ready(self) -> None:
+        self._proc.wait_ready()
+
+    def stop(self) -> None:
+        self._proc.stop()
+
+
+def project_env() -> dict[str, str]:
+    """PYTHONPATH for a child that runs `python -m` on a module of this project: it must
+    import the project even where the project is not installed."""
+    root = str(Path(__file__).resolve().parents[1])
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from harness.errors import first_error
-from harness.processes import ManagedProcess, ServiceHandle, free_port
+from harness.processes import ManagedProcess, ProcessService, ServiceHandle, free_port, project_env
 from harness.scripted_faults import Fail429Script, FailScript, FlakyOptions, FlakyScript, flaky_answer
 from harness.scripted_model import (
     DEFAULT_SCRIPT,
@@ -164,7 +163,7 @@ class ScriptedEndpoint(ServiceHandle):
         return f"http://127.0.0.1:{self.port}/stats"
 
 
-class ScriptedModelServer(ScriptedEndpoint):
+class ScriptedModelServer(ProcessService, ScriptedEndpoint):
     """Runs the scripted model as a child process on a free loopback port."""
 
     def __init__(self, script: str = DEFAULT_SCRIPT, replies: list[str] | None = None, *,
@@ -180,28 +179,14 @@ class ScriptedModelServer(ScriptedEndpoint):
             replies_path = Path(self._tmp.name) / "replies.json"
             replies_path.write_text(json.dumps(replies))
             command += ["--replies", str(replies_path)]
-        # the child must import this package even when it is not installed
-        project_root = str(Path(__file__).resolve().parent.parent)
         self._proc = ManagedProcess(
             f"scripted-model[{script}]", command, health_url=f"http://127.0.0.1:{self.port}/health",
-            log_path=self.log_dir / f"scripted-model-{self.port}.log",
-            env={"PYTHONPATH": os.pathsep.join(filter(None, [project_root, os.environ.get("PYTHONPATH")]))},
+            log_path=self.log_dir / f"scripted-model-{self.port}.log", env=project_env(),
             startup_timeout_s=startup_timeout_s,
         )
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
-
-    def start(self) -> None:
-        self._proc.start()
-
-    @property
-    def log_path(self) -> Path:
-        return self._proc.log_path
-
     def stop(self) -> None:
-        self._proc.stop()
+        super().stop()
         self._tmp.cleanup()
 
 

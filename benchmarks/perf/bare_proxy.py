@@ -11,7 +11,6 @@ and the gateway's own (the gateway vs this proxy), both measured in the same run
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import aiohttp
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from harness.processes import ManagedProcess, ServiceHandle, free_port
+from harness.body_limit import read_body
+from harness.processes import ManagedProcess, ProcessService, free_port, project_env
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
@@ -47,14 +47,9 @@ def create_app(upstream: str) -> ASGIApp:
         if scope["path"] == "/health":
             status, content = 200, b'{"status": "ok"}'
         else:
-            chunks: list[bytes] = []
-            while True:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
+            body = await read_body(receive)
             assert session is not None, "the session opens with the app's lifespan"
-            async with session.request(scope["method"], upstream + scope["path"], data=b"".join(chunks),
+            async with session.request(scope["method"], upstream + scope["path"], data=body,
                                        headers={"content-type": "application/json"}) as answer:
                 status, content = answer.status, await answer.read()
         await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
@@ -63,32 +58,20 @@ def create_app(upstream: str) -> ASGIApp:
     return app
 
 
-class BareProxy(ServiceHandle):
+class BareProxy(ProcessService):
     """The proxy as a child process on a free loopback port."""
 
     def __init__(self, upstream: str, *, log_dir: Path):
         self.port = free_port()
-        project_root = str(Path(__file__).resolve().parents[2])
         self._proc = ManagedProcess(
             "bare-proxy", [sys.executable, "-m", "benchmarks.perf.bare_proxy", "--port", str(self.port),
                            "--upstream", upstream],
             health_url=f"http://127.0.0.1:{self.port}/health", log_path=log_dir / f"bare-proxy-{self.port}.log",
-            env={"PYTHONPATH": os.pathsep.join(filter(None, [project_root, os.environ.get("PYTHONPATH")]))},
-            startup_timeout_s=30.0)
+            env=project_env(), startup_timeout_s=30.0)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
-
-    def start(self) -> None:
-        self._proc.start()
-
-    def stop(self) -> None:
-        self._proc.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                 row = {"arm": arm, "concurrency": concurrency, "budget": args.budget, "latency_s": args.latency,
                        "sample_together": arm == "gepa" and args.sample_together, "rounds": rounds,
                        "ratio_min": ratios[0], "ratio_max": ratios[-1],
-                       "limit_s": limit, **got, "ratio_to_limit": got["optimization_s"] / limit}
+                       "limit_s": limit, **got, "ratio_to_limit": to_limit(got, concurrency, args.latency)}
                 rows.append(row)
                 spread = f", {ratios[0]:.2f}x-{ratios[-1]:.2f}x over {rounds} runs" if rounds > 1 else ""
                 print(f"c={concurrency:<3} {arm:<16} {got['optimization_s']:7.1f}s for {got['rollouts']} rollouts "

@@ -23,7 +23,7 @@ from harness.gateway.app import create_app
 from harness.gateway.models import GatewaySettings, Upstream
 from harness.heap import freeze_loaded
 from harness.http_pool import tls_context
-from harness.processes import ManagedProcess, ServiceHandle, free_port
+from harness.processes import ManagedProcess, ProcessService, ServiceHandle, free_port, project_env
 
 ADMIN_TOKEN_ENV = "HARNESS_GATEWAY_ADMIN_TOKEN"
 
@@ -65,7 +65,7 @@ class GatewayEndpoint(ServiceHandle):
             raise ConfigError(f"gateway refused upstream {upstream.name}: {response.text[:300]}")
 
 
-class GatewayServer(GatewayEndpoint):
+class GatewayServer(ProcessService, GatewayEndpoint):
     """The gateway as a child process on a free loopback port."""
 
     def __init__(self, settings: GatewaySettings, *, log_dir: Path, startup_timeout_s: float = 60.0):
@@ -74,28 +74,10 @@ class GatewayServer(GatewayEndpoint):
         self.admin_token = secrets.token_urlsafe(24)
         command = [sys.executable, "-m", "harness.gateway", "--port", str(self.port),
                    "--settings", self.settings.model_dump_json()]
-        project_root = str(Path(__file__).resolve().parents[2])
-        env = {ADMIN_TOKEN_ENV: self.admin_token,
-               "PYTHONPATH": os.pathsep.join(filter(None, [project_root, os.environ.get("PYTHONPATH")]))}
+        env = {ADMIN_TOKEN_ENV: self.admin_token, **project_env()}
         self._proc = ManagedProcess("inference gateway", command, health_url=f"{self.url}/health",
                                     log_path=log_dir / f"gateway-{self.port}.log", env=env,
                                     startup_timeout_s=startup_timeout_s)
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
-
-    def start(self) -> None:
-        self._proc.start()
-
-    def spawn(self) -> None:
-        self._proc.spawn()
-
-    def wait_ready(self) -> None:
-        self._proc.wait_ready()
-
-    def stop(self) -> None:
-        self._proc.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from benchmarks.containers.kit.container import CodeErrors, Row, RolloutEnv, TaskContainer, failed_response
-from harness.body_limit import BodyLimit
+from harness.body_limit import BodyLimit, read_body
 from harness.contract import (
     CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest, RolloutResponse, SideInfo, TasksRequest,
 )
@@ -89,7 +89,7 @@ class RolloutFirst:
             await self.app(scope, receive, send)
             return
         try:
-            body = await _body(receive)
+            body = await read_body(receive)
         except ClientDisconnect:
             return
         try:
@@ -114,17 +114,6 @@ def exception_handler(app: FastAPI, exc: Exception) -> Callable[..., Any] | None
     a catch-all `Exception` handler does not count."""
     return next((app.exception_handlers[cls] for cls in type(exc).__mro__
                  if cls is not Exception and cls in app.exception_handlers), None)
-
-
-async def _body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def build_app(
