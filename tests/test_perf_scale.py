@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.perf import scale
+from benchmarks.perf import scale, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -34,6 +34,9 @@ def test_scale_quick_writes_one_row_per_sweep_size(tmp_path: Path, data_dir: Pat
     assert rows[0]["rollouts_per_s_vs_1_run"] == pytest.approx(1.0)
     # the runs ran in RunWorker actors beside the driver, sampled every 0.4 s over seconds of work
     assert sum(row["cpu_s_run_actors"] for row in rows) > 0
+    # the summary line carries the figure that isolates the harness's own cost
+    lines = [line for line in summary.summary_table(tmp_path).splitlines() if line.startswith("| scale:")]
+    assert len(lines) == 2 and all("rollouts per harness CPU-second" in line for line in lines)
 
 
 

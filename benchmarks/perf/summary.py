@@ -61,8 +61,11 @@ def _scale(df: pl.DataFrame) -> list[Line]:
     for row in df.sort("runs").iter_rows(named=True):
         vs_one = row.get("rollouts_per_s_vs_1_run")
         ratio = f" ({vs_one:.2f}x 1 run)" if vs_one is not None else ""
+        # the harness's own cost apart from the containers' and models' on the same cores
+        per_cpu = row.get("rollouts_per_harness_cpu_s")
+        own = f", {per_cpu:.0f} rollouts per harness CPU-second" if per_cpu is not None else ""
         out.append((f"scale: {row['runs']} runs on Ray ({row['max_runs_in_flight']} in flight), fake endpoints",
-                    f"{row['rollouts_per_s']:.0f} rollouts/s{ratio}, "
+                    f"{row['rollouts_per_s']:.0f} rollouts/s{ratio}{own}, "
                     f"driver peak RSS {row['driver_peak_rss_mib']:.0f} MiB", ""))
     return out
 
