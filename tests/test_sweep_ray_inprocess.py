@@ -94,17 +94,17 @@ class TestInProcessRay:
 
     def test_release_holder_frees_a_dead_holders_slots_once(self):
         limiter = EndpointLimiter.remote({"k": 2})
-        assert ray.get([limiter.acquire.remote("k", "dead"), limiter.acquire.remote("k", "dead")]) == [True, True]
-        waiting = limiter.acquire.remote("k", "alive")
+        assert ray.get([limiter.acquire.remote(["k"], "dead"), limiter.acquire.remote(["k"], "dead")]) == [True, True]
+        waiting = limiter.acquire.remote(["k"], "alive")
         assert not ray.wait([waiting], timeout=0.5)[0]  # full
         assert ray.get(limiter.release_holder.remote("dead")) == 2
         assert ray.get(waiting, timeout=10) is True
         # the dead holder's late calls change nothing: no slot given twice, none taken
-        ray.get(limiter.release.remote("k", "dead"))
-        assert ray.get(limiter.acquire.remote("k", "dead"), timeout=10) is False
+        ray.get(limiter.release.remote(["k"], "dead"))
+        assert ray.get(limiter.acquire.remote(["k"], "dead"), timeout=10) is False
         assert ray.get(limiter.in_use.remote()) == {"k": 1}
-        assert ray.get(limiter.acquire.remote("k", "other"), timeout=10) is True
-        extra = limiter.acquire.remote("k", "third")
+        assert ray.get(limiter.acquire.remote(["k"], "other"), timeout=10) is True
+        extra = limiter.acquire.remote(["k"], "third")
         assert not ray.wait([extra], timeout=0.5)[0]  # still a limit of 2
         ray.get(limiter.release_holder.remote("alive"))
         assert ray.get(extra, timeout=10) is True
@@ -115,6 +115,20 @@ class TestInProcessRay:
 
         with pytest.raises(HolderReleased):
             asyncio.run(released_gate())
+
+    def test_a_gate_takes_all_its_keys_or_none(self):
+        """One call takes a gate's slots key by key; a holder released while it waits for
+        a later key gets none, and the earlier key's slot goes back."""
+        limiter = EndpointLimiter.remote({"a": 1, "b": 1})
+        assert ray.get(limiter.acquire.remote(["b"], "other"), timeout=10) is True
+        waiting = limiter.acquire.remote(["a", "b"], "late")
+        assert not ray.wait([waiting], timeout=0.5)[0]  # holds a, waits for b
+        assert ray.get(limiter.in_use.remote()) == {"a": 1, "b": 1}
+        assert ray.get(limiter.release_holder.remote("late")) == 1  # its slot of a
+        ray.get(limiter.release.remote(["b"], "other"))
+        assert ray.get(waiting, timeout=10) is False
+        assert ray.get(limiter.in_use.remote()) == {}
+        assert ray.get(limiter.acquire.remote(["a", "b"], "next"), timeout=10) is True
 
     def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
         """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the

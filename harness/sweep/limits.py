@@ -32,8 +32,29 @@ class EndpointLimiter:
             self._semaphores[key] = asyncio.Semaphore(self._limits.get(key, 1_000_000))
         return self._semaphores[key]
 
-    async def acquire(self, key: str, holder: str = "") -> bool:
-        """Wait for a slot of `key`. False if the holder was released (no slot taken)."""
+    async def acquire(self, keys: list[str], holder: str = "") -> bool:
+        """Wait for one slot of each key, in the order given (gates pass them sorted, so two
+        never wait on each other). One actor call for all of a gate's keys: a rollout's gate
+        took a round trip per key to take its slots and another to give each back. False if
+        the holder was released (no slot taken)."""
+        taken: list[str] = []
+        try:
+            for key in keys:
+                if not await self._take(key, holder):
+                    break
+                taken.append(key)
+            else:
+                return True
+        except BaseException:  # cancelled while it waited: what it took goes back
+            self._give_back(taken, holder)
+            raise
+        self._give_back(taken, holder)
+        return False
+
+    async def release(self, keys: list[str], holder: str = "") -> None:
+        self._give_back(keys, holder)
+
+    async def _take(self, key: str, holder: str) -> bool:
         if holder in self._released:
             return False
         await self._semaphore(key).acquire()
@@ -44,14 +65,17 @@ class EndpointLimiter:
         held[key] = held.get(key, 0) + 1
         return True
 
-    async def release(self, key: str, holder: str = "") -> None:
+    def _give_back(self, keys: list[str], holder: str) -> None:
         held = self._held.get(holder, {})
-        if held.get(key, 0) <= 0:
-            return  # not held (already given back by release_holder): never raise the limit
-        held[key] -= 1
-        if not held[key]:
-            del held[key]
-        self._semaphore(key).release()
+        for key in reversed(keys):
+            if held.get(key, 0) <= 0:
+                continue  # not held (already given back by release_holder): never raise the limit
+            held[key] -= 1
+            if not held[key]:
+                del held[key]
+            self._semaphore(key).release()
+        if not held:
+            self._held.pop(holder, None)
 
     async def release_holder(self, holder: str) -> int:
         """Give back every slot `holder` still holds, and any it would get later; returns how many."""
@@ -80,15 +104,11 @@ def shared_gate(limiter: Any, *keys: str, holder: str | None = None) -> Callable
 
     @asynccontextmanager
     async def gate() -> AsyncIterator[None]:
-        taken: list[str] = []
+        if not await limiter.acquire.remote(ordered, name):
+            raise HolderReleased(f"endpoint limiter released holder {name!r}")
         try:
-            for key in ordered:
-                if not await limiter.acquire.remote(key, name):
-                    raise HolderReleased(f"endpoint limiter released holder {name!r}")
-                taken.append(key)
             yield
         finally:
-            for key in reversed(taken):
-                await limiter.release.remote(key, name)
+            await limiter.release.remote(ordered, name)
 
     return gate
