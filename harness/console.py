@@ -1,4 +1,4 @@
-"""What a person sees: a live progress bar for one run and a short result."""
+"""What a person sees: a live progress bar for one run, a sweep's status line, and a short result."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -103,6 +104,48 @@ def run_progress(console: Console, label: str, budget: int, *, every_s: float,
     if console.is_terminal:
         return RunProgressBar(console, label, budget, live_usage=live_usage)
     return ProgressLines(console, label, budget, every_s=every_s, live_usage=live_usage)
+
+
+class SweepStatus:
+    """A sweep's status line (runs done, running, failed; rollouts/s; tokens; elapsed): kept
+    live in place on a terminal. Anywhere else (a log file, CI, `nohup`) rich would show it
+    only once the sweep ends, so it comes as plain lines: at once when the runs' counts
+    change, else every `every_s` seconds, and the last at the end."""
+
+    def __init__(self, console: Console, text: str, counts: str, *, every_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.console, self.every_s, self.clock = console, every_s, clock
+        self._live = Live(text, console=console, refresh_per_second=2, transient=False) \
+            if console.is_terminal else None
+        self._text, self._counts = text, counts
+        self._printed_at: float | None = None
+        self._printed_text: str | None = None
+
+    def __enter__(self) -> "SweepStatus":
+        if self._live is not None:
+            self._live.__enter__()
+        else:
+            self._print()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+        elif self._text != self._printed_text:
+            self._print()
+
+    def update(self, text: str, counts: str) -> None:
+        """`counts`: the part of the status whose change is news (the runs by status)."""
+        news = counts != self._counts
+        self._text, self._counts = text, counts
+        if self._live is not None:
+            self._live.update(text)
+        elif news or (self._printed_at is not None and self.clock() - self._printed_at >= self.every_s):
+            self._print()
+
+    def _print(self) -> None:
+        self._printed_at, self._printed_text = self.clock(), self._text
+        self.console.print(self._text, highlight=False, markup=False, soft_wrap=True)
 
 
 def prompt_diff(before: dict[str, str], after: dict[str, str]) -> str:

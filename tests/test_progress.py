@@ -9,7 +9,7 @@ import re
 from rich.console import Console
 
 from conftest import run_cli
-from harness.console import ProgressLines, RunProgressBar, run_progress
+from harness.console import ProgressLines, RunProgressBar, SweepStatus, run_progress
 from harness.context import Progress
 
 
@@ -62,3 +62,32 @@ def test_a_run_whose_output_is_a_pipe_prints_progress_per_phase(tmp_path, data_d
     assert first and int(first.group(1)) == 1  # the line came with the first rollout, not after a batch
     # the run's end is a line of its own, with the metered totals
     assert re.search(r": 12/12 rollouts, heldout [1-9]\d* rollouts, best [\d.]+, \d+ tokens, done, ", progress[-1])
+
+
+def test_a_sweep_status_off_a_terminal_prints_lines_on_news_and_on_ticks() -> None:
+    """Off a terminal rich's live line would show only at the sweep's end: the status comes
+    as lines instead, at once when the runs' counts change, else every `every_s`."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(file=out, force_terminal=False, width=200)
+    with SweepStatus(console, "runs: 2 pending | 00:00:00", "2 pending", every_s=30.0, clock=clock) as status:
+        clock.now = 1.0
+        status.update("runs: 1 running, 1 pending | 00:00:01", "1 running, 1 pending")  # news: at once
+        clock.now = 20.0
+        status.update("runs: 1 running, 1 pending | 00:00:20", "1 running, 1 pending")  # no news, no tick
+        clock.now = 31.0
+        status.update("runs: 1 running, 1 pending | 00:00:31", "1 running, 1 pending")  # a tick
+        clock.now = 40.0
+        status.update("runs: 2 done | 00:00:40", "2 done")
+    assert out.getvalue().splitlines() == [
+        "runs: 2 pending | 00:00:00", "runs: 1 running, 1 pending | 00:00:01",
+        "runs: 1 running, 1 pending | 00:00:31", "runs: 2 done | 00:00:40"]
+
+
+def test_a_sweep_status_on_a_terminal_is_one_live_line() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200)
+    with SweepStatus(console, "runs: 1 pending", "1 pending", every_s=30.0) as status:
+        status.update("runs: 1 done", "1 done")
+    raw = out.getvalue()
+    assert "\r\x1b[2K" in raw  # the line is erased and redrawn in place
+    assert re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", raw).split("\r")[-1].strip() == "runs: 1 done"

@@ -212,6 +212,10 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert sweep_json["sweep"]["name"] == "smoke" and sweep_json["price_table_version"]
     check_evidence_complete(sweep_dir, set(grid_ids))
     assert all(r["run_id"][:8] in first.stdout for r in rows)  # the final table
+    # stdout is a pipe: the status comes as lines while the sweep runs, not only at its end
+    status = [line for line in first.stdout.splitlines() if line.startswith("runs: ") and " rollouts/s | " in line]
+    assert status[0].startswith("runs: 4 pending |") and status[-1].startswith("runs: 4 done |"), status
+    assert any("running" in line for line in status), status
     summary = (sweep_dir / "report" / "summary.md").read_text()  # the sweep ends with its summary
     assert "| banking77 | gepa |" in summary and "| heart_disease | gepa |" in summary
 

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
-from rich.live import Live
 
 from harness.config import HarnessConfig
+from harness.console import SweepStatus
 from harness.errors import HarnessError
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
@@ -171,7 +171,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
         outcome = RunOutcome(run_id=run.spec.run_id, status="failed", evidence_dir="", error=error)
         rows[run.spec.run_id] = index_row(run.spec, "failed", outcome, attempts.get(run.spec.run_id, 0))
 
-    with Live(status_line(rows, {}, started), console=console, refresh_per_second=2, transient=False) as live:
+    with SweepStatus(console, status_line(rows, {}, started), run_counts(rows), every_s=base.progress_every_s) as live:
         while queue or in_flight:
             for run in [r for r in queue if not placement.placeable(r.spec)]:  # its nodes are all gone
                 queue.remove(run)
@@ -215,7 +215,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                 if outcome.tracking is not None and notes is not None:
                     notes[run_id] = outcome.tracking
             status = status_line(rows, ray.get(board.snapshot.remote()), started)
-            live.update(status + (live_usage() if live_usage else ""))
+            live.update(status + (live_usage() if live_usage else ""), run_counts(rows))
 
 
 def _node_fields(slot: Any, lost_on: list[str] | None, placement: Any) -> dict[str, Any]:
@@ -248,12 +248,14 @@ def _ray_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
+def run_counts(rows: dict[str, dict[str, Any]]) -> str:
+    """The runs by status, e.g. `3 done, 2 running, 1 pending`."""
+    counts = Counter(row["status"] for row in rows.values())
+    return ", ".join(f"{counts[s]} {s}" for s in ("done", "running", "failed", "pending", "skipped") if counts[s])
+
+
 def status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started: float) -> str:
-    counts: dict[str, int] = {}
-    for row in rows.values():
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
     elapsed = time.monotonic() - started
     rate = board.get("rollouts", 0) / elapsed if elapsed > 0 else 0.0
-    parts = [f"{counts.get(s, 0)} {s}" for s in ("done", "running", "failed", "pending", "skipped") if counts.get(s)]
-    return (f"runs: {', '.join(parts)} | {rate:.1f} rollouts/s | {board.get('tokens', 0):,} tokens | "
+    return (f"runs: {run_counts(rows)} | {rate:.1f} rollouts/s | {board.get('tokens', 0):,} tokens | "
             f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}")
