@@ -85,6 +85,22 @@ def test_runs_of_one_algorithm_with_other_settings_are_other_arms() -> None:
     assert [r["arm"] for r in rows] == ["gepa (screen=true)", "gepa (screen=true)", "gepa (screen=absent)", "seed_only"]
 
 
+def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "quality"
+    shutil.copytree(quick / "evidence" / "quality", sweep)
+    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
+                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
+    wider = sweep / "wider-run"
+    shutil.copytree(gepa_dir, wider)
+    manifest = json.loads((wider / "manifest.json").read_text())
+    pools = {**manifest["spec"]["pools"], "train": [f"train:{i}" for i in range(100, 200)]}
+    manifest.update(run_id="wider-run", spec={**manifest["spec"], "pools": pools})
+    (wider / "manifest.json").write_text(json.dumps(manifest))
+    arms = runs(sweep).select("arm", "run_id").rows()
+    assert ("gepa (train_rows=100)", "wider-run") in arms
+    assert sorted(arm for arm, _ in arms) == ["gepa (train_rows=100)", "gepa (train_rows=20)", "seed_only"]
+
+
 def test_the_most_common_answer_counts_only_scored_heldout_rows_of_the_candidate(tmp_path: Path) -> None:
     rows = [("c1", "heldout", "ok", 1.0, "no"), ("c1", "heldout", "ok", 0.0, " no\n"), ("c1", "heldout", "ok", 1.0, "yes"),
             ("c1", "heldout", "error", None, "yes"),  # failed: not an answer the table counts

@@ -95,7 +95,12 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
 
 
 def _params(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "manifest.json").read_text())["spec"]["algorithm"].get("params") or {}
+    """A run's settings that can make it another arm: its algorithm's params and the sizes
+    of its optimization pools (a run on more train rows is not the same arm)."""
+    spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
+    pools = spec.get("pools") or {}
+    sizes = {f"{pool}_rows": len(pools[pool]) for pool in ("train", "pareto") if pool in pools}
+    return {**(spec["algorithm"].get("params") or {}), **sizes}
 
 
 def label_variants(rows: list[dict[str, Any]], params: list[dict[str, Any]]) -> None:
