@@ -34,22 +34,18 @@ class EndpointLimiter:
 
     async def acquire(self, keys: list[str], holder: str = "") -> bool:
         """Wait for one slot of each key, in the order given (gates pass them sorted, so two
-        never wait on each other). One actor call for all of a gate's keys: a rollout's gate
-        took a round trip per key to take its slots and another to give each back. False if
-        the holder was released (no slot taken)."""
+        never wait on each other), all in one actor call. False, holding nothing, if the
+        holder was released meanwhile."""
         taken: list[str] = []
         try:
             for key in keys:
                 if not await self._take(key, holder):
                     break
                 taken.append(key)
-            else:
-                return True
-        except BaseException:  # cancelled while it waited: what it took goes back
-            self._give_back(taken, holder)
-            raise
-        self._give_back(taken, holder)
-        return False
+            return len(taken) == len(keys)
+        finally:
+            if len(taken) < len(keys):  # released, or cancelled while it waited: what it took goes back
+                self._give_back(taken, holder)
 
     async def release(self, keys: list[str], holder: str = "") -> None:
         self._give_back(keys, holder)

@@ -171,7 +171,8 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
         outcome = RunOutcome(run_id=run.spec.run_id, status="failed", evidence_dir="", error=error)
         rows[run.spec.run_id] = index_row(run.spec, "failed", outcome, attempts.get(run.spec.run_id, 0))
 
-    with SweepStatus(console, status_line(rows, {}, started), run_counts(rows), every_s=base.progress_every_s) as live:
+    counts = run_counts(rows)
+    with SweepStatus(console, status_line(counts, {}, started), counts, every_s=base.progress_every_s) as live:
         while queue or in_flight:
             for run in [r for r in queue if not placement.placeable(r.spec)]:  # its nodes are all gone
                 queue.remove(run)
@@ -214,8 +215,9 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                 store.write_index(list(rows.values()))
                 if outcome.tracking is not None and notes is not None:
                     notes[run_id] = outcome.tracking
-            status = status_line(rows, ray.get(board.snapshot.remote()), started)
-            live.update(status + (live_usage() if live_usage else ""), run_counts(rows))
+            counts = run_counts(rows)
+            status = status_line(counts, ray.get(board.snapshot.remote()), started)
+            live.update(status + (live_usage() if live_usage else ""), counts)
 
 
 def _node_fields(slot: Any, lost_on: list[str] | None, placement: Any) -> dict[str, Any]:
@@ -254,8 +256,9 @@ def run_counts(rows: dict[str, dict[str, Any]]) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in ("done", "running", "failed", "pending", "skipped") if counts[s])
 
 
-def status_line(rows: dict[str, dict[str, Any]], board: dict[str, Any], started: float) -> str:
+def status_line(counts: str, board: dict[str, Any], started: float) -> str:
+    """The sweep's one-line status: the runs by status (`run_counts`), then the board's totals."""
     elapsed = time.monotonic() - started
     rate = board.get("rollouts", 0) / elapsed if elapsed > 0 else 0.0
-    return (f"runs: {run_counts(rows)} | {rate:.1f} rollouts/s | {board.get('tokens', 0):,} tokens | "
+    return (f"runs: {counts} | {rate:.1f} rollouts/s | {board.get('tokens', 0):,} tokens | "
             f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}")
