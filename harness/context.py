@@ -23,7 +23,7 @@ from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.outcome import RolloutOutcome, judge
 from harness.pricing import cost_usd
 from harness.run_state import OPTIMIZATION_STAGES, Evidence, Progress, Usage
-from harness.specs import RunSpec
+from harness.specs import Pools, RunSpec
 
 if TYPE_CHECKING:
     from harness.gateway.session import GatewaySession
@@ -45,6 +45,7 @@ class RunContext:
         max_error_rate: float = 0.5,
         restart_container: Callable[[], Awaitable[None]] | None = None,
         gateway: "GatewaySession | None" = None,
+        pools: Pools | None = None,
     ):
         self.spec = spec
         self.run_id = spec.run_id
@@ -56,7 +57,7 @@ class RunContext:
         self.observer = observer
         self.max_error_rate = max_error_rate
         self.rng = random.Random(spec.seed)
-        self.pools = spec.pools
+        self.pools = pools or spec.pools  # preflight's: stratified pools' rows chosen
         self.target_modules = list(program.target_modules)
         self.usage = Usage()
         self.budget = Budget(spec.budget, self.usage)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.client import ContainerClient
 from harness.contract import GEPA_OPTIMIZER_CONTRACT, PROGRAM_VERSION, ProgramResponse, TasksetResponse
 from harness.errors import ConfigError, PreflightError, ServiceError
-from harness.specs import RunSpec
+from harness.specs import Pools, RunSpec
 
 
 class PreflightResult(BaseModel):
@@ -20,6 +20,7 @@ class PreflightResult(BaseModel):
     taskset: TasksetResponse
     task_info: dict[str, Any] | None
     rows: dict[str, dict[str, Any]]
+    pools: Pools  # the spec's, with each stratified pool's rows chosen
 
 
 def check_model_keys(spec: RunSpec, through_gateway: bool = False) -> None:
@@ -55,7 +56,11 @@ async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: li
         task_info = await client.task_info()
     except ServiceError as exc:
         raise PreflightError(f"container {name}: {exc}") from exc
-    return PreflightResult(program=program, taskset=taskset, task_info=task_info, rows=rows)
+    try:
+        pools = spec.pools.chosen(rows)
+    except ValueError as exc:
+        raise PreflightError(f"container {name}: {exc}") from exc
+    return PreflightResult(program=program, taskset=taskset, task_info=task_info, rows=rows, pools=pools)
 
 
 def optimizer_contract_problem(version: str | None) -> str | None:

@@ -197,7 +197,7 @@ async def execute_run(
                              max_tokens=spec.policy.max_tokens, temperature=spec.policy.temperature)
         ctx = RunContext(spec, client, checked.program, policy, proposer, task_info=checked.task_info,
                          rows=checked.rows, observer=observer, max_error_rate=max_error_rate,
-                         restart_container=restart_container, gateway=gateway)
+                         restart_container=restart_container, gateway=gateway, pools=checked.pools)
         if restored is not None:
             ctx.restore(restored.state)
             started_at = datetime.fromisoformat(restored.started_at)
@@ -377,6 +377,8 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
         "versions": package_versions(), "model_servers": model_servers or [],
         "price_table_version": PRICE_TABLE_VERSION,
         "seeds": {"run": spec.seed},
+        # the rows each pool had: a stratified pool's spec holds the window they were chosen from
+        "pools_used": ctx.pools.used(),
         "best_candidate_id": best_id, "seed_candidate_id": ctx.seed_candidate.candidate_id,
         "heldout": [h.model_dump() for h in heldout],
         "totals": {

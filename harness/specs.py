@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -93,33 +94,60 @@ class BudgetSpec(Spec):
 
 
 class PoolSpec(Spec):
-    """Task ids, given explicitly or as a contiguous range of a split."""
+    """Task ids, given explicitly or as a contiguous range of a split. With `stratify_by`
+    the pool is `count` rows chosen from the `window` rows from `start`, spread over the
+    values of that field of the container's rows (its label, where a container exposes one):
+    the container is asked for the rows before the run, so the choice is made in preflight."""
 
     split: str | None = None
     start: int = Field(default=0, ge=0)
     count: int | None = Field(default=None, gt=0)
     ids: list[str] | None = None
+    stratify_by: str | None = Field(default=None, min_length=1)
+    window: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "PoolSpec":
         if self.ids is None and (self.split is None or self.count is None):
             raise ValueError("a pool needs either ids or split and count")
+        if self.stratify_by is not None:
+            if self.ids is not None or self.window is None or self.window < (self.count or 0):
+                raise ValueError("a stratified pool needs split, count and a window of at least count rows")
+        elif self.window is not None:
+            raise ValueError("window is for a stratified pool (stratify_by)")
         return self
 
     def resolve(self) -> tuple[str, ...]:
+        """The pool's ids; a stratified pool's window (its rows are chosen in preflight)."""
         if self.ids is not None:
             return tuple(self.ids)
-        return tuple(f"{self.split}:{i}" for i in range(self.start, self.start + (self.count or 0)))
+        size = self.window if self.stratify_by is not None else self.count
+        return tuple(f"{self.split}:{i}" for i in range(self.start, self.start + (size or 0)))
+
+    def strata(self) -> "PoolStrata | None":
+        return PoolStrata(field=self.stratify_by, count=self.count or 0) if self.stratify_by else None
+
+
+class PoolStrata(Spec):
+    """Choose `count` of a pool's ids, spread over the values of the rows' `field`."""
+
+    field: str
+    count: int = Field(gt=0)
+
+
+STRATIFIABLE = ("train", "pareto")  # heldout stays the fixed rows every arm is judged on
 
 
 class Pools(Spec):
     """Resolved task ids per pool. Feedback rows (minibatches, reflection) come from
-    `train`; candidates are ranked on `pareto`; `heldout` judges them afterwards."""
+    `train`; candidates are ranked on `pareto`; `heldout` judges them afterwards. A pool in
+    `stratify` holds its window until `chosen` picks its rows."""
 
     train: tuple[str, ...]
     pareto: tuple[str, ...]
     heldout: tuple[str, ...]
     allow_overlap: bool = False
+    stratify: dict[str, PoolStrata] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> "Pools":
@@ -135,11 +163,48 @@ class Pools(Spec):
                 if not (sep and split and index.isascii() and index.isdigit()):
                     raise ValueError(f"task id {task_id!r} in pool {name!r} is not of the form split:index "
                                      "(index in ASCII digits)")
+        unknown = sorted(set(self.stratify) - set(STRATIFIABLE))
+        if unknown:
+            raise ValueError(f"pool {unknown[0]!r} cannot be stratified (only {', '.join(STRATIFIABLE)})")
         if not self.allow_overlap:
             overlap = (set(self.train) | set(self.pareto)) & set(self.heldout)
             if overlap:
                 raise ValueError(f"heldout overlaps train/pareto on {len(overlap)} ids, e.g. {sorted(overlap)[0]}")
+            if self.stratify and set(self.train) & set(self.pareto):
+                raise ValueError("a stratified pool's window overlaps the other optimization pool")
         return self
+
+    def chosen(self, rows: Mapping[str, Mapping[str, Any]]) -> "Pools":
+        """The pools a run uses: each stratified pool's `count` ids taken round-robin over the
+        values of its field, values in the order they first appear in the window and ids in
+        window order (the same rows for every seed and arm). A ValueError names a row without
+        the field."""
+        if not self.stratify:
+            return self
+        picked: dict[str, tuple[str, ...]] = {}
+        for name, strata in self.stratify.items():
+            groups: dict[str, list[str]] = {}
+            for task_id in getattr(self, name):
+                value = (rows.get(task_id) or {}).get(strata.field)
+                if value is None:
+                    raise ValueError(f"pool {name} is stratified by {strata.field!r}, and task {task_id} "
+                                     "has no such field")
+                groups.setdefault(str(value), []).append(task_id)
+            order = [ids[depth] for depth in range(max(map(len, groups.values())))
+                     for ids in groups.values() if depth < len(ids)]
+            picked[name] = tuple(order[:strata.count])
+        return self.model_copy(update={**picked, "stratify": {}})
+
+    def identity(self) -> dict[str, Any]:
+        """What a run id hashes: without `stratify` when no pool is stratified (the ids of
+        runs from before stratification stay as they were)."""
+        dumped = self.model_dump()
+        if not self.stratify:
+            del dumped["stratify"]
+        return dumped
+
+    def used(self) -> dict[str, list[str]]:
+        return {"train": list(self.train), "pareto": list(self.pareto), "heldout": list(self.heldout)}
 
 
 class AlgorithmSpec(Spec):
@@ -188,7 +253,7 @@ class RunSpec(Spec):
             "policy": self.policy.identity(),
             "proposer": self.proposer.identity(),
             "algorithm": self.algorithm.model_dump(),
-            "pools": self.pools.model_dump(),
+            "pools": self.pools.identity(),
             "budget": self.budget.model_dump(),
             "seed": self.seed,
             "heldout_candidates": self.heldout_candidates,

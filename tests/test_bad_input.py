@@ -101,6 +101,9 @@ def test_composition_errors_are_one_line(tmp_path, data_dir, override, needles) 
     (["+algorithm.params.minibatch=3"], ["algorithm 'gepa': invalid params", "minibatch"]),
     (["container.target_modules=[other]"], ["container banking77", "lacks target module(s) ['other']"]),
     (["container.target_modules=[]"], ["advertises target module(s) ['stage2_system'] the config does not name"]),
+    (["+pools.pareto.stratify_by=intent", "+pools.pareto.window=40"],
+     ["pool pareto is stratified by 'intent'", "task train:60 has no such field"]),
+    (["+pools.pareto.stratify_by=label"], ["a stratified pool needs split, count and a window of at least count rows"]),
 ])
 def test_preflight_errors_stop_before_any_rollout(tmp_path, data_dir, banking77_url, overrides, needles) -> None:
     # attach to the session's banking77 (started once) instead of starting one per case

@@ -93,8 +93,9 @@ def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) ->
     wider = sweep / "wider-run"
     shutil.copytree(gepa_dir, wider)
     manifest = json.loads((wider / "manifest.json").read_text())
-    pools = {**manifest["spec"]["pools"], "train": [f"train:{i}" for i in range(100, 200)]}
-    manifest.update(run_id="wider-run", spec={**manifest["spec"], "pools": pools})
+    train = [f"train:{i}" for i in range(100, 200)]
+    manifest.update(run_id="wider-run", spec={**manifest["spec"], "pools": {**manifest["spec"]["pools"], "train": train}},
+                    pools_used={**manifest["pools_used"], "train": train})
     (wider / "manifest.json").write_text(json.dumps(manifest))
     arms = runs(sweep).select("arm", "run_id").rows()
     assert ("gepa (train_rows=100)", "wider-run") in arms

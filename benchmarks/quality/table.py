@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from harness.evidence.reader import pools_used
+
 BOOTSTRAP_RESAMPLES = 10_000
 RUN_COLUMNS = ("task", "arm", "seed", "status", "policy", "proposer", "seed_heldout", "pick_heldout", "lift",
                "heldout_rows", "failed_heldout_rows", "pick_id", "rollouts", "proposals", "accepted", "wall_s",
@@ -97,10 +99,12 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
 def _params(run_dir: Path) -> dict[str, Any]:
     """A run's settings that can make it another arm: its algorithm's params and the sizes
     of its optimization pools (a run on more train rows is not the same arm)."""
-    spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
-    pools = spec.get("pools") or {}
-    sizes = {f"{pool}_rows": len(pools[pool]) for pool in ("train", "pareto") if pool in pools}
-    return {**(spec["algorithm"].get("params") or {}), **sizes}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    pools = manifest["spec"].get("pools") or {}
+    used = pools_used(manifest)
+    sizes = {f"{pool}_rows": len(used[pool]) for pool in ("train", "pareto") if pool in used}
+    strata = {f"{pool}_stratified_by": pools["stratify"][pool]["field"] for pool in sorted(pools.get("stratify") or {})}
+    return {**(manifest["spec"]["algorithm"].get("params") or {}), **sizes, **strata}
 
 
 def label_variants(rows: list[dict[str, Any]], params: list[dict[str, Any]]) -> None:

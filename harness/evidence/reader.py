@@ -156,3 +156,12 @@ def expected_grid(target: Target) -> list[dict[str, str]]:
     if not unique:
         raise _no_runs(target.root)
     return [unique[run_id] for run_id in sorted(unique)]
+
+
+def pools_used(manifest: dict[str, Any]) -> dict[str, list[str]]:
+    """The rows each pool of a run had: its `pools_used` (a stratified pool's spec holds the
+    window its rows were chosen from), or the spec's pools in evidence from before it."""
+    used = manifest.get("pools_used")
+    pools = used if isinstance(used, dict) else (manifest.get("spec") or {}).get("pools") or {}
+    return {name: [str(t) for t in pools[name]] for name in ("train", "pareto", "heldout")
+            if isinstance(pools.get(name), list)}

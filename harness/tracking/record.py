@@ -30,6 +30,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from harness.errors import HarnessError
+from harness.evidence.reader import pools_used
 from harness.evidence.writer import MANIFEST
 from harness.run_state import OPTIMIZATION_STAGES
 
@@ -132,7 +133,7 @@ def _record(folder: Path, manifest: dict[str, Any], rollouts: pl.DataFrame, cand
         started_ms=started_ms, finished_ms=finished_ms,
         params=spec_params(spec) | {f"versions.{k}": str(v) for k, v in (manifest.get("versions") or {}).items()},
         tags=_tags(manifest, folder),
-        metrics=tuple(progress_points(rollouts, proposals, tuple((spec.get("pools") or {}).get("pareto") or ()),
+        metrics=tuple(progress_points(rollouts, proposals, tuple(pools_used(manifest).get("pareto") or ()),
                                       started_ms) + summary_points(manifest, finished_ms)),
         candidate_texts={folder_name: texts[cid] for folder_name, cid in picks.items() if cid in texts},
         description=_description(manifest, folder),

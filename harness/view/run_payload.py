@@ -8,6 +8,7 @@ from typing import Any
 
 import polars as pl
 
+from harness.evidence.reader import pools_used
 from harness.run_state import OPTIMIZATION_STAGES
 from harness.view.diffs import DiffStore
 from harness.view.evidence import RunEvidence
@@ -38,11 +39,6 @@ def _scores(rows: pl.DataFrame, expected: int | None) -> dict[str, Score]:
         mean=pl.col("reward").mean(), n=pl.col("reward").is_not_null().sum(), errors=pl.col("reward").is_null().sum())
     return {r["candidate_id"]: Score(mean=r["mean"], n=r["n"], errors=r["errors"], expected=expected)
             for r in grouped.iter_rows(named=True)}
-
-
-def _pool(spec: dict[str, Any], name: str) -> list[str] | None:
-    pool = (spec.get("pools") or {}).get(name)
-    return [str(t) for t in pool] if isinstance(pool, list) else None
 
 
 def _status(origin: str, parent_ids: list[str], edit_format: str | None) -> NodeStatus:
@@ -98,8 +94,8 @@ def _label(candidate_id: str, pareto: Score | None, heldout: Score | None) -> st
 
 def candidates(evidence: RunEvidence, rollouts: pl.DataFrame, by_child: dict[str, ProposalView],
                diffs: DiffStore) -> list[CandidateNode]:
-    manifest, spec = evidence.manifest, evidence.manifest.get("spec") or {}
-    pareto_pool, heldout_pool = _pool(spec, "pareto"), _pool(spec, "heldout")
+    manifest, pools = evidence.manifest, pools_used(evidence.manifest)
+    pareto_pool, heldout_pool = pools.get("pareto"), pools.get("heldout")
     on_pareto = rollouts.filter(pl.col("task_id").is_in(pareto_pool) if pareto_pool is not None
                                 else pl.col("stage").is_in(["seed", "pareto"]))
     pareto = _scores(on_pareto, len(pareto_pool) if pareto_pool is not None else None)
@@ -162,7 +158,7 @@ def heldout_rows(evidence: RunEvidence, rollouts: pl.DataFrame) -> tuple[list[st
     rows = rollouts.filter(pl.col("stage") == "heldout")
     order = {c: i for i, c in enumerate(evidence.tables["candidates"].sort("index")["candidate_id"].to_list())}
     scored = sorted(set(rows["candidate_id"].to_list()), key=lambda c: (order.get(c, len(order)), c))
-    pool = _pool(evidence.manifest.get("spec") or {}, "heldout") or []
+    pool = pools_used(evidence.manifest).get("heldout") or []
     tasks = list(dict.fromkeys(pool + rows["task_id"].to_list()))
     cells: dict[str, dict[str, HeldoutCell]] = {t: {} for t in tasks}
     inputs: dict[str, str] = {}
