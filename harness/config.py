@@ -25,8 +25,8 @@ class PoolsConfig(BaseModel):
     allow_overlap: bool = False
 
     def resolve(self) -> Pools:
-        strata = {name: spec.strata() for name, spec in (("train", self.train), ("pareto", self.pareto),
-                                                          ("heldout", self.heldout)) if spec.strata()}
+        strata = {name: chosen for name, spec in (("train", self.train), ("pareto", self.pareto),
+                                                  ("heldout", self.heldout)) if (chosen := spec.strata())}
         return Pools(train=self.train.resolve(), pareto=self.pareto.resolve(), heldout=self.heldout.resolve(),
                      allow_overlap=self.allow_overlap, stratify=strata)
 

@@ -13,6 +13,7 @@ from benchmarks.containers.banking77 import Banking77
 from conftest import container_spec, execute, read_evidence, scripted_spec
 from harness.config import PoolsConfig
 from harness.specs import AlgorithmSpec, BudgetSpec, PoolSpec, RunSpec
+from harness.tracking.record import spec_params
 
 
 def pools_config(**pareto: object) -> PoolsConfig:
@@ -81,3 +82,7 @@ def test_a_run_ranks_candidates_on_the_chosen_rows_and_records_them(tmp_path, da
     first_six = [train[i]["label"] for i in range(20, 26)]
     assert len(set(first_six)) < 6
     assert Counter(labels).most_common(1)[0][1] == 1 and labels[0] == first_six[0]
+    # an export logs the rows the run used, and the window beside them
+    params = spec_params(manifest["spec"], manifest["pools_used"])
+    assert params["pools.pareto_count"] == "6" and params["pools.pareto_stratified_by"] == "label"
+    assert params["pools.pareto_window"] == "train:20-219"

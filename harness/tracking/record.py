@@ -131,7 +131,7 @@ def _record(folder: Path, manifest: dict[str, Any], rollouts: pl.DataFrame, cand
         run_id=str(manifest["run_id"]), sweep=str(manifest.get("sweep") or folder.parent.name),
         status=str(manifest.get("status")), run_name=_run_name(manifest), run_dir=str(folder),
         started_ms=started_ms, finished_ms=finished_ms,
-        params=spec_params(spec) | {f"versions.{k}": str(v) for k, v in (manifest.get("versions") or {}).items()},
+        params=spec_params(spec, pools_used(manifest)) | {f"versions.{k}": str(v) for k, v in (manifest.get("versions") or {}).items()},
         tags=_tags(manifest, folder),
         metrics=tuple(progress_points(rollouts, proposals, tuple(pools_used(manifest).get("pareto") or ()),
                                       started_ms) + summary_points(manifest, finished_ms)),
@@ -146,17 +146,22 @@ def _record(folder: Path, manifest: dict[str, Any], rollouts: pl.DataFrame, cand
 # ---------------------------------------------------------------- parameters
 
 
-def spec_params(spec: dict[str, Any]) -> dict[str, str]:
+def spec_params(spec: dict[str, Any], used: dict[str, list[str]] | None = None) -> dict[str, str]:
     """The resolved spec, flattened to dotted keys. Pools are long id lists: each is logged
-    compactly (`train:0-59`) with its size. The spec holds key variable *names* only; any
-    other value under a secret-sounding key, or after such a command-line flag, is redacted."""
+    compactly (`train:0-59`) with its size, as the run used it (`used`: `pools_used`; a
+    stratified pool's spec holds the window it was chosen from, logged beside it). The spec
+    holds key variable *names* only; any other value under a secret-sounding key, or after
+    such a command-line flag, is redacted."""
     spec = dict(spec)
     pools = spec.pop("pools", None) or {}
     params = _flatten(spec, "")
     for name in ("train", "pareto", "heldout"):
-        ids = pools.get(name) or []
+        ids = (used or pools).get(name) or []
         params[f"pools.{name}"] = compact_ids(ids)
         params[f"pools.{name}_count"] = str(len(ids))
+    for name, strata in (pools.get("stratify") or {}).items():
+        params[f"pools.{name}_stratified_by"] = str(strata.get("field"))
+        params[f"pools.{name}_window"] = compact_ids(pools.get(name) or [])
     if "allow_overlap" in pools:
         params["pools.allow_overlap"] = _text(pools["allow_overlap"])
     return params
