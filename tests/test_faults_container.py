@@ -16,10 +16,9 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from faults import (
 )
 from harness.http_pool import SharedSession
 from harness.contract import PolicyBlock, RolloutRequest, RolloutResponse
+from harness.run_state import Progress
 from harness.services import Services
 
 pytestmark = pytest.mark.timeout(300)
@@ -227,23 +227,29 @@ def test_a_failure_rate_past_the_tolerance_stops_the_run(chaos, tmp_path, script
 # ---------------------------------------------------------------- the container process dies
 
 
-def kill_after(url: str, pid: int, rollouts: int) -> threading.Thread:
-    """SIGKILL the container process once it has received `rollouts` rollout requests."""
+def kill_at(pid: int, rollouts: int) -> Callable[[Progress], None]:
+    """A run observer that SIGKILLs the container once `rollouts` rollouts have landed, and
+    waits until the process is gone: from the run's own loop, so the run cannot finish
+    first (a watcher thread polling the container lost that race on a fast machine)."""
+    done = False
 
-    def watch() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+    def observe(progress: Progress) -> None:
+        nonlocal done
+        if done or progress.rollouts < rollouts:
+            return
+        done = True
+        os.kill(pid, signal.SIGKILL)
+        stat = Path(f"/proc/{pid}/stat")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # gone, or a zombie its parent has not reaped yet
             try:
-                if stats(url)["received"] >= rollouts:
-                    os.kill(pid, signal.SIGKILL)
+                if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                     return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            time.sleep(0.002)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    return observe
 
 
 def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, tmp_path, scripted_policy) -> None:
@@ -251,10 +257,8 @@ def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, 
         spec_c = chaos_spec(data_dir)
         url = services.container_url(spec_c)
         first_pid = stats(url)["pid"]
-        watcher = kill_after(url, first_pid, rollouts=10)
         outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
-                         restart_container=services.restarter(url))
-        watcher.join()
+                         restart_container=services.restarter(url), observer=kill_at(first_pid, rollouts=10))
         assert services.restarts() == {url: 1}
         assert stats(url)["pid"] != first_pid  # a new process, on the same url
     assert outcome.status == "done", outcome.error
