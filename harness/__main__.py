@@ -6,7 +6,6 @@ Hydra's config stops here: everything below takes frozen pydantic models."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     from harness.console import print_outcome, run_progress
     from harness.evidence.writer import EvidenceLocation
     from harness.preflight import check_model_keys
-    from harness.run import execute_run, finished
+    from harness.run import finished, run_sync
     from harness.services import Services
 
     spec = run_spec(config)
@@ -52,9 +51,9 @@ def run_single(config: HarnessConfig, console: Console) -> int:
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
         with run_progress(console, spec.container.name, spec.budget.max_rollouts,
                           every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
-            outcome = asyncio.run(execute_run(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
-                                              restart_container=services.restarter(endpoints.container_url),
-                                              force=config.force))
+            outcome = run_sync(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
+                               restart_container=services.restarter(endpoints.container_url),
+                               force=config.force)
     print_outcome(console, outcome, len(spec.pools.heldout))
     # the evidence in place: a redo that failed left the previous, done, evidence there
     _export(tracking, location.run_dir, console)

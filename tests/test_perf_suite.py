@@ -26,6 +26,9 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     overhead = pl.read_parquet(tmp_path / "overhead.parquet")
     assert sorted(overhead["arm"].to_list()) == ["harness_eval", "harness_gepa", "raw", "raw_aiohttp"]
     assert (overhead["rollouts_per_s"] > 0).all() and {"cpus", "measured_at", "host"} <= set(overhead.columns)
+    # every arm's CPU is read by process; the run process always spends some
+    assert (overhead["cpu_ms_per_rollout_this_process"] > 0).all()
+    assert (overhead["ceiling_vs_raw_aiohttp"] > 0).all() and "cpu_ms_per_rollout_container" in overhead.columns
 
     overlap = pl.read_parquet(tmp_path / "overlap.parquet")
     assert set(overlap["concurrency"].to_list()) == {1, 16}
@@ -51,5 +54,5 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     summary = (tmp_path / "summary.md").read_text()
     for needle in ("overhead: harness vs bare loop", "overlap: our GEPA", "overlap: gepa library",
                    "report over 100,000 rollout rows", "over 2 rounds", "gateway vs direct", "gateway CPU", "a bare proxy on the same stack",
-                   "Machines: "):
+                   "CPU ms per rollout: run ", "Machines: "):
         assert needle in summary, needle

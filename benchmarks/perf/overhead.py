@@ -16,6 +16,15 @@ interleaved over rounds so drift on a shared machine hits all alike, median repo
   `parallel_proposals` = 4 x concurrency / 4 (rollouts are instant, so the proposer's round
   trip through the gateway is the wait to overlap), the scripted proposer behind the gateway.
 
+Every arm runs on uvloop's event loop, as a harness run does (`harness.run.run_sync`).
+Each arm's CPU per rollout is read by process (this one: the harness run or the bare loop;
+the container, the gateway, the scripted model) from /proc around it. On a machine of a few
+cores every process shares them, so the ratio is bounded by what the other processes spend:
+`ceiling` is the ratio an arm would reach if the run process spent per rollout only what the
+bare aiohttp loop's client does (the cores divided by the CPU per rollout of all processes,
+against the bare loop's rate): how much of a gap is the harness's own, and how much is the
+other processes' (a GEPA run's proposer calls through the gateway and the model server).
+
 A harness rate counts optimization rollouts over the window from the first rollout's start
 to the last one's end (from the rollouts table); the whole `execute_run` wall (preflight,
 heldout, evidence write) is reported beside it.
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -36,13 +46,14 @@ from typing import Any
 import aiohttp
 import httpx
 import polars as pl
+import uvloop
 
-from benchmarks.perf.common import default_data_dir, median, write_results
+from benchmarks.perf.common import default_data_dir, median, process_cpu_s, write_results
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
 from harness.contract import PolicyBlock, RolloutRequest
 from harness.gateway.models import GatewaySettings, LimitSettings
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Endpoints, Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
@@ -143,9 +154,56 @@ async def raw_aiohttp_loop(container_url: str, bodies: list[dict[str, Any]], con
         return len(bodies) / (time.perf_counter() - started)
 
 
+PROCESS_ROLES = {"benchmarks.containers": "container", "harness.gateway": "gateway", "scripted_server": "model"}
+
+
+def service_pids() -> dict[str, list[int]]:
+    """This process's descendants (the Services' processes) by role, from their command lines."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    below, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - below
+        below |= frontier
+    roles: dict[str, list[int]] = {}
+    for pid in below:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        role = next((r for marker, r in PROCESS_ROLES.items() if marker in command), None)
+        if role is not None:
+            roles.setdefault(role, []).append(pid)
+    return roles
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and by each role's processes while it is open."""
+
+    def __init__(self, pids: dict[str, list[int]]):
+        self._pids = pids
+
+    def _now(self) -> dict[str, float]:
+        return {"self": time.process_time(),
+                **{role: sum(process_cpu_s(pid) or 0.0 for pid in pids) for role, pids in self._pids.items()}}
+
+    def __enter__(self) -> "CpuMeter":
+        self._start, self.spent = self._now(), {}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._now()
+        self.spent = {role: end[role] - self._start[role] for role in end}
+
+
 def harness_rate(spec: RunSpec, endpoints: Endpoints) -> dict[str, float]:
     started = time.perf_counter()
-    outcome = asyncio.run(execute_run(spec, endpoints))
+    outcome = run_sync(spec, endpoints)
     wall = time.perf_counter() - started
     if outcome.status != "done":
         raise RuntimeError(f"{spec.algorithm.name} run failed: {outcome.error}")
@@ -161,28 +219,51 @@ def measure(concurrency: int, rollouts: int, rounds: int, data_dir: str,
             proposals_per_slot: float = 1.0) -> list[dict[str, Any]]:
     rates: dict[str, list[float]] = {"raw": [], "raw_aiohttp": [], "harness_eval": [], "harness_gepa": []}
     wall_rates: dict[str, list[float]] = {"harness_eval": [], "harness_gepa": []}
+    cpu: dict[str, list[dict[str, float]]] = {arm: [] for arm in rates}  # CPU ms per rollout by role, per round
     with tempfile.TemporaryDirectory(prefix="overhead-bench-") as tmp, Services(Path(tmp) / "logs", gateway=GATEWAY) as services:
         probe = run_spec("harness_eval", data_dir, Path(tmp), rollouts, concurrency, 0)
         endpoints = services.endpoints(probe.container, probe.policy, probe.proposer)
-        bodies = asyncio.run(prepared_bodies(endpoints.container_url, endpoints.policy_url, rollouts))
-        asyncio.run(raw_loop(endpoints.container_url, bodies[:200], concurrency, "warmup"))
+        bodies = uvloop.run(prepared_bodies(endpoints.container_url, endpoints.policy_url, rollouts))
+        uvloop.run(raw_loop(endpoints.container_url, bodies[:200], concurrency, "warmup"))
+        pids = service_pids()
+
+        def timed(arm: str, go: Any) -> float:
+            with CpuMeter(pids) as meter:
+                got = go()
+            rate, n = (got["rate"], got["rollouts"]) if isinstance(got, dict) else (got, len(bodies))
+            cpu[arm].append({role: 1000 * s / n for role, s in meter.spent.items()})
+            if isinstance(got, dict):
+                wall_rates[arm].append(got["wall_rate"])
+            rates[arm].append(rate)
+            return rate
+
         for r in range(rounds):
-            rates["raw"].append(asyncio.run(raw_loop(endpoints.container_url, bodies, concurrency, f"r{r}")))
-            rates["raw_aiohttp"].append(asyncio.run(raw_aiohttp_loop(endpoints.container_url, bodies, concurrency,
-                                                                     f"a{r}")))
+            timed("raw", lambda: uvloop.run(raw_loop(endpoints.container_url, bodies, concurrency, f"r{r}")))
+            timed("raw_aiohttp", lambda: uvloop.run(raw_aiohttp_loop(endpoints.container_url, bodies, concurrency,
+                                                                      f"a{r}")))
             for arm in ("harness_eval", "harness_gepa"):
                 spec = run_spec(arm, data_dir, Path(tmp) / f"r{r}", rollouts, concurrency, r, proposals_per_slot)
-                got = harness_rate(spec, endpoints)
-                rates[arm].append(got["rate"])
-                wall_rates[arm].append(got["wall_rate"])
+                timed(arm, lambda: harness_rate(spec, endpoints))
             print(f"concurrency {concurrency} round {r}: "
                   + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
     raw, raw_aiohttp = median(rates["raw"]), median(rates["raw_aiohttp"])
-    return [{"arm": arm, "concurrency": concurrency, "rollouts_per_round": rollouts, "rounds": rounds,
-             "rollouts_per_s": median(values), "wall_rollouts_per_s": median(wall_rates.get(arm, values)),
-             "ratio_vs_raw": median(values) / raw, "ratio_vs_raw_aiohttp": median(values) / raw_aiohttp,
-             "goal_ratio": 0.9}
-            for arm, values in rates.items()]
+    cores = len(os.sched_getaffinity(0))
+    per_role = {arm: {role: median([c[role] for c in cpu[arm]]) for role in cpu[arm][0]} for arm in rates}
+    client_ms = per_role["raw_aiohttp"]["self"]
+    rows = []
+    for arm, values in rates.items():
+        others = [ms for role, ms in per_role[arm].items() if role != "self" and ms > 0]
+        # the rate were the run process as light as the bare loop: every process shares the
+        # cores, and none runs faster than its own CPU per rollout allows
+        ceiling = min(1000 * cores / (client_ms + sum(others)), 1000 / max([client_ms, *others]))
+        rows.append({"arm": arm, "concurrency": concurrency, "rollouts_per_round": rollouts, "rounds": rounds,
+                     "rollouts_per_s": median(values), "wall_rollouts_per_s": median(wall_rates.get(arm, values)),
+                     "ratio_vs_raw": median(values) / raw, "ratio_vs_raw_aiohttp": median(values) / raw_aiohttp,
+                     "goal_ratio": 0.9, "cores": cores,
+                     **{f"cpu_ms_per_rollout_{'this_process' if role == 'self' else role}": ms
+                        for role, ms in per_role[arm].items()},
+                     "ceiling_vs_raw_aiohttp": ceiling / raw_aiohttp})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -205,9 +286,12 @@ def main(argv: list[str] | None = None) -> None:
     where = write_results(NAME, rows, args.results_dir)
     print(f"\nrollouts/s against an instant-policy container ({args.rollouts} per arm, median of {args.rounds}):")
     for row in rows:
+        shares = ", ".join(f"{k.removeprefix('cpu_ms_per_rollout_')} {v:.3f}" for k, v in row.items()
+                           if k.startswith("cpu_ms_per_rollout_"))
         print(f"  c={row['concurrency']:<3} {row['arm']:<13} {row['rollouts_per_s']:8.1f}/s  "
               f"({row['ratio_vs_raw']:.2f} of raw, {row['ratio_vs_raw_aiohttp']:.2f} of raw_aiohttp; "
-              f"whole-run wall {row['wall_rollouts_per_s']:.1f}/s)")
+              f"whole-run wall {row['wall_rollouts_per_s']:.1f}/s); CPU ms per rollout: {shares}; "
+              f"ceiling {row['ceiling_vs_raw_aiohttp']:.2f}")
     print(f"  written to {where}")
 
 

@@ -23,7 +23,6 @@ and the median run counts; the minute-long runs at 1 and 4 in flight run once. A
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import polars as pl
 from benchmarks.perf.common import default_data_dir, optimization_window, write_results
 from harness.context import OPTIMIZATION_STAGES
 from harness.gateway.models import GatewaySettings, LimitSettings
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
 
@@ -71,7 +70,7 @@ def run_spec(arm: str, concurrency: int, budget: int, latency: float, data_dir: 
 def one_run(services: Services, spec: RunSpec) -> dict[str, Any]:
     endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
     started = time.perf_counter()
-    outcome = asyncio.run(execute_run(spec, endpoints))
+    outcome = run_sync(spec, endpoints)
     wall = time.perf_counter() - started
     if outcome.status != "done":
         raise RuntimeError(f"{spec.algorithm.name} at concurrency {spec.concurrency} failed: {outcome.error}")

@@ -24,6 +24,12 @@ def _overhead(df: pl.DataFrame) -> list[Line]:
         what = {"harness_eval": "evaluation only (seed-only)", "harness_gepa": "GEPA, parallel proposals"}[row["arm"]]
         lighter = row.get("ratio_vs_raw_aiohttp")
         beside = "" if lighter is None else f"; {lighter:.2f} of the bare loop on aiohttp"
+        if row.get("ceiling_vs_raw_aiohttp") is not None:
+            roles = {"this_process": "run", "container": "container", "gateway": "gateway", "model": "model"}
+            split = ", ".join(f"{name} {row[f'cpu_ms_per_rollout_{role}']:.2f}" for role, name in roles.items()
+                              if (row.get(f"cpu_ms_per_rollout_{role}") or 0) > 0)
+            beside += (f"; CPU ms per rollout: {split}; {row['ceiling_vs_raw_aiohttp']:.2f} if the run process "
+                       f"cost what the bare loop's client does, on {row['cores']} cores")
         out.append((f"overhead: harness vs bare loop, instant-policy container, {row['concurrency']} in flight, {what}",
                     f"{row['rollouts_per_s']:.0f} vs {raw:.0f} rollouts/s (**{row['ratio_vs_raw']:.2f}**{beside})",
                     ">= 0.90"))

@@ -19,7 +19,7 @@ import ray
 from harness.context import Progress
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
-from harness.run import RunOutcome, execute_run
+from harness.run import RunOutcome, run_sync
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.sweep.limits import shared_gate
@@ -173,15 +173,15 @@ class RunWorker:
         try:
             restart = (node_restarter(node_services, endpoints.container_url) if node_services is not None
                        else board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60))
-            outcome = asyncio.run(execute_run(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
-                                              rollout_gate=rollout_gate, proposer_gate=proposer_gate,
-                                              restart_container=restart, force=force))
+            outcome = run_sync(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
+                               rollout_gate=rollout_gate, proposer_gate=proposer_gate,
+                               restart_container=restart, force=force)
         except Exception as exc:  # recorded in the index; the sweep goes on
             logger.exception("run %s failed before it could write evidence", spec.run_id)
             outcome = RunOutcome(run_id=spec.run_id, status="failed", evidence_dir="", error=f"{type(exc).__name__}: {exc}")
         finally:
             board.finished.remote(spec.run_id)
-            # a gate cancelled while it waited (asyncio.run cancels what is left) may still
+            # a gate cancelled while it waited (the run's loop cancels what is left) may still
             # get its slot in the limiter afterwards: give back whatever this attempt holds
             try:
                 ray.get(limiter.release_holder.remote(holder))
