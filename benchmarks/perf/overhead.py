@@ -18,7 +18,8 @@ interleaved over rounds so drift on a shared machine hits all alike, median repo
 
 Every arm runs on uvloop's event loop, as a harness run does (`harness.run.run_sync`).
 Each arm's CPU per rollout is read by process (this one: the harness run or the bare loop;
-the container, the gateway, the scripted model) from /proc around it. On a machine of a few
+the container, the gateway, the scripted model) from /proc around it; a harness arm's is its
+whole run's (preflight and evidence included) over its optimization rollouts. On a machine of a few
 cores every process shares them, so the ratio is bounded by what the other processes spend:
 `ceiling` is the ratio an arm would reach if the run process spent per rollout only what the
 bare aiohttp loop's client does (the cores divided by the CPU per rollout of all processes,
