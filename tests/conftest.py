@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -67,12 +66,12 @@ def make_run_spec(container: Any, evidence_root: Path | str, *, train: list[str]
 
 
 def execute(spec: Any, container_url: str, policy_url: str, proposer_url: str | None = None):
-    """harness.run.execute_run on the given endpoints (proposer defaults to the policy server)."""
-    from harness.run import execute_run
+    """harness.run.run_sync on the given endpoints (proposer defaults to the policy server)."""
+    from harness.run import run_sync
     from harness.services import Endpoints
 
     endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return asyncio.run(execute_run(spec, endpoints))
+    return run_sync(spec, endpoints)
 
 
 def read_evidence(run_dir: str | Path) -> dict[str, Any]:

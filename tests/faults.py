@@ -4,7 +4,6 @@ that every fault test ends with (every rollout row present exactly once)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections import Counter
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 
 from conftest import make_run_spec
 from harness.evidence.schema import TABLES
-from harness.run import RunOutcome, execute_run
+from harness.run import RunOutcome, run_sync
 from harness.services import Endpoints
 from harness.specs import ContainerSpec, RunSpec
 
@@ -43,7 +42,7 @@ def small_spec(container: ContainerSpec, root: Path | str, *, budget: int = 30, 
 def run_on(spec: RunSpec, container_url: str, policy_url: str, proposer_url: str | None = None,
            **kwargs: Any) -> RunOutcome:
     endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return asyncio.run(execute_run(spec, endpoints, **kwargs))
+    return run_sync(spec, endpoints, **kwargs)
 
 
 def check_rows_exactly_once(run_dir: Path | str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from algorithms.registry import algorithm_names
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from conftest import CONTAINER_MODULES
 from harness.errors import ConfigError
-from harness.run import RunOutcome, execute_run
+from harness.run import RunOutcome, execute_run, run_sync
 from harness.scripted_model import RULE_TEMPLATE
 from harness.scripted_server import ScriptedModelServer
 from servers import ScriptedModelThread, ServerThread
@@ -119,7 +119,7 @@ def make_spec(algorithm: str, root: Path, *, params: dict[str, Any] | None = Non
 
 def run(spec: RunSpec, container_url: str, policy_url: str, proposer_url: str | None = None) -> RunOutcome:
     endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return asyncio.run(execute_run(spec, endpoints))
+    return run_sync(spec, endpoints)
 
 
 # ---- evidence checks --------------------------------------------------------------------------
@@ -437,7 +437,7 @@ def test_gepa_ai_with_the_local_model(data_dir: Path, tmp_path: Path) -> None:
                               data_dir=str(data_dir))
     with Services(tmp_path / "logs") as services:
         endpoints = services.endpoints(container, spec.policy, spec.proposer)
-        outcome = asyncio.run(execute_run(spec, endpoints))
+        outcome = run_sync(spec, endpoints)
     ev = check_contract(outcome, spec)
     assert ev.rollouts.filter(pl.col("stage") == "seed").height == 2
     assert ev.manifest["totals"]["proposer_calls"] >= 1

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from harness.doctor import diagnose
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Endpoints, Services
 from harness.specs import ContainerSpec
 
@@ -45,7 +45,7 @@ def seed_run(container: ContainerSpec, services: Services, policy_url: str, root
     url = services.container_url(container)
     endpoints = Endpoints(container_url=url, policy_url=policy_url, proposer_url=policy_url,
                           logs=services.logs_for(url))
-    return asyncio.run(execute_run(spec, endpoints, max_error_rate=max_error_rate))
+    return run_sync(spec, endpoints, max_error_rate=max_error_rate)
 
 
 @pytest.mark.parametrize("language", sorted(LANGUAGES))

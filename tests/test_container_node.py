@@ -19,7 +19,7 @@ from harness.client import ContainerClient
 from harness.config import PoolsConfig
 from harness.contract import CONTRACT_VERSION, GEPA_OPTIMIZER_CONTRACT, RolloutRequest
 from harness.preflight import preflight
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.scripted_server import ScriptedModelServer
 from harness.services import Services
 from harness.specs import AlgorithmSpec, BudgetSpec, ContainerSpec, ModelSpec, Pools, RunSpec
@@ -127,7 +127,7 @@ def test_gepa_run_against_node_container_is_done(data_dir: Path, tmp_path: Path)
     with Services(tmp_path / "logs") as services:
         # Scripted model specs make Services start harness.scripted_server.ScriptedModelServer("rules").
         endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
-        outcome = asyncio.run(execute_run(spec, endpoints))
+        outcome = run_sync(spec, endpoints)
         stats = httpx.get(endpoints.policy_url.removesuffix("/v1") + "/stats").json()
     assert outcome.status == "done", outcome.error
     assert outcome.rollouts > 0 and outcome.heldout_rollouts >= 10 and outcome.seed_heldout is not None

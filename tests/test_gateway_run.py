@@ -4,7 +4,6 @@ provider key that reaches neither the container nor any file the run writes."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 from pathlib import Path
@@ -19,7 +18,7 @@ from servers import GatewayThread, ScriptedModelThread, ServerThread
 from gateway_fakes import FakeUpstream
 from harness.evidence.schema import TIMING_COLUMNS, TRANSPORT_COLUMNS
 from harness.gateway.models import GatewaySettings, Upstream
-from harness.run import RunOutcome, execute_run
+from harness.run import RunOutcome, run_sync
 from harness.services import Endpoints, Services
 from harness.specs import ModelSpec
 
@@ -39,7 +38,7 @@ def gateway_run(spec: Any, container_url: str, gateway: GatewayThread, upstream:
     endpoints = Endpoints(container_url=container_url, policy_url=f"{gateway.url}/u/{upstream}/v1",
                           proposer_url=f"{gateway.url}/u/{upstream}/v1", gateway_url=gateway.url,
                           policy_upstream=upstream, proposer_upstream=upstream, gateway_token=gateway.admin_token)
-    return asyncio.run(execute_run(spec, endpoints))
+    return run_sync(spec, endpoints)
 
 
 def model_calls(outcome: RunOutcome) -> pl.DataFrame:
@@ -148,7 +147,7 @@ def test_the_key_reaches_neither_the_container_nor_any_file(tmp_path, data_dir, 
             endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
             (container,) = [p for p, _ in services._containers.values()]
             environ = Path(f"/proc/{container.pid}/environ").read_bytes()
-            outcome = asyncio.run(execute_run(spec, endpoints))
+            outcome = run_sync(spec, endpoints)
     assert outcome.status == "done", outcome.error
     assert KEY_ENV.encode() not in environ and key.encode() not in environ  # the container never had it
     assert fake.refused == 0 and fake.completions > 0  # every call carried the key, added by the gateway

@@ -4,14 +4,13 @@ rate is measured by benchmarks/perf/overhead.py, not here)."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from pathlib import Path
 from typing import Any
 
 from conftest import container_spec, make_run_spec
 from harness.heap import HeapFreeze
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Endpoints
 
 
@@ -40,8 +39,7 @@ def test_a_run_optimizes_with_the_heap_frozen_and_leaves_it_unfrozen(
     endpoints = Endpoints(container_url=banking77_url, policy_url=scripted_policy.base_url,
                           proposer_url=scripted_policy.base_url)
     frozen_while_running: list[int] = []
-    outcome = asyncio.run(execute_run(spec, endpoints,
-                                      observer=lambda _: frozen_while_running.append(gc.get_freeze_count())))
+    outcome = run_sync(spec, endpoints, observer=lambda _: frozen_while_running.append(gc.get_freeze_count()))
     assert outcome.status == "done" and outcome.rollouts > 0
     assert frozen_while_running and min(frozen_while_running) > 0
     assert gc.get_freeze_count() == 0

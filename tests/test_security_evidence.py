@@ -36,7 +36,7 @@ from harness.client import ContainerClient
 from harness.errors import HarnessError
 from harness.gateway.models import GatewaySettings, Upstream
 from harness.retry import RetryPolicy
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Endpoints
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def run(spec: Any, container_url: str, policy_url: str, **kwargs: Any):
     endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=policy_url)
-    return asyncio.run(execute_run(spec, endpoints, **kwargs))
+    return run_sync(spec, endpoints, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_run_whose_model_calls_are_not_recorded_is_not_done(tmp_path, data_dir
                               proposer_url=f"{proxy.url}/u/scripted-rules/v1", gateway_url=proxy.url,
                               policy_upstream="scripted-rules", proposer_upstream="scripted-rules",
                               gateway_token=gw.admin_token)
-        outcome = asyncio.run(execute_run(spec, endpoints))
+        outcome = run_sync(spec, endpoints)
     assert outcome.status == "failed" and "model calls not recorded" in (outcome.error or "")
     manifest = json.loads((Path(outcome.evidence_dir) / "manifest.json").read_text())
     assert manifest["status"] == "failed"

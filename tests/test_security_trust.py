@@ -13,7 +13,6 @@ Evidence integrity, reruns and input edges: test_security_evidence.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -36,7 +35,7 @@ from conftest import REPO, container_spec, make_run_spec
 from servers import GatewayThread, ScriptedModelThread, ServerThread
 from gateway_fakes import FakeUpstream, chat_body
 from harness.gateway.models import GatewaySettings, LimitSettings, Upstream
-from harness.run import execute_run
+from harness.run import run_sync
 from harness.services import Endpoints, Services, container_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -236,7 +235,7 @@ def test_a_hostile_container_cannot_spend_read_or_erase_beyond_its_rollout(tmp_p
                               proposer_url=f"{gw.url}/u/scripted-rules/v1", gateway_url=gw.url,
                               policy_upstream="scripted-rules", proposer_upstream="scripted-rules",
                               gateway_token=gw.admin_token)
-        outcome = asyncio.run(execute_run(spec, endpoints))
+        outcome = run_sync(spec, endpoints)
         runs_left = len(gw.gateway.ledger.runs)
     assert outcome.status == "done", outcome.error
     assert set(found["controls"].values()) <= {401, 403}, found["controls"]

@@ -6,7 +6,6 @@ failures: no extra, a store that does not open, a tracker that fails after the r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -172,7 +171,7 @@ def test_artifacts_are_the_evidence_and_the_candidates_texts(tracked_run, mlflow
 
 def test_exporting_a_sweep_folder_is_idempotent_and_replaces_a_redone_run(
         tmp_path, data_dir, banking77_url, scripted_policy, mlflow_client_cls, capsys):
-    from harness.run import execute_run
+    from harness.run import run_sync
     from harness.services import Endpoints
     from harness.tracking.cli import main as export
 
@@ -202,7 +201,7 @@ def test_exporting_a_sweep_folder_is_idempotent_and_replaces_a_redone_run(
     # redone (force=true): other evidence of the same run replaces the MLflow run
     endpoints = Endpoints(container_url=banking77_url, policy_url=scripted_policy.base_url,
                           proposer_url=scripted_policy.base_url)
-    assert asyncio.run(execute_run(specs[0], endpoints, force=True)).status == "done"
+    assert run_sync(specs[0], endpoints, force=True).status == "done"
     assert export(["mlflow", str(sweep_dir)]) == 0
     out = capsys.readouterr().out
     assert f"run {specs[0].run_id}: replaced" in out and f"run {specs[1].run_id}: unchanged" in out
