@@ -65,6 +65,25 @@ def process_cpu_s(pid: int) -> float | None:
         return None
 
 
+def process_tree(root: int) -> set[int]:
+    """`root` and every process below it, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError):
+                continue
+    below, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in below]
+        below.update(children)
+        frontier.extend(children)
+    return below
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

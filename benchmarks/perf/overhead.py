@@ -49,7 +49,7 @@ import httpx
 import polars as pl
 import uvloop
 
-from benchmarks.perf.common import default_data_dir, median, process_cpu_s, write_results
+from benchmarks.perf.common import default_data_dir, median, process_cpu_s, process_tree, write_results
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
 from harness.contract import PolicyBlock, RolloutRequest
@@ -160,19 +160,8 @@ PROCESS_ROLES = {"benchmarks.containers": "container", "harness.gateway": "gatew
 
 def service_pids() -> dict[str, list[int]]:
     """This process's descendants (the Services' processes) by role, from their command lines."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    below, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - below
-        below |= frontier
     roles: dict[str, list[int]] = {}
-    for pid in below:
+    for pid in process_tree(os.getpid()) - {os.getpid()}:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.perf.common import process_cpu_s, write_results  # noqa: E402
+from benchmarks.perf.common import process_cpu_s, process_tree, write_results  # noqa: E402
 
 NAME = "scale"
 POOLS = ["pools.train.count=12", "pools.pareto.count=4", "pools.heldout.count=4"]
@@ -82,25 +82,6 @@ PARTS = (("run_actors", b"ray::RunWorker"), ("harness_actors", b"ray::SweepBoard
 HARNESS_PARTS = ("driver", "run_actors", "harness_actors")
 
 
-def _tree(root: int) -> set[int]:
-    """`root` and every process below it."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError):
-                continue
-    below, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in below]
-        below.update(children)
-        frontier.extend(children)
-    return below
-
-
 def _part(pid: int, root: int, cmdline: bytes) -> str:
     if pid == root:
         return "driver"
@@ -123,7 +104,7 @@ class MemorySampler(threading.Thread):
 
     def _walk(self) -> None:
         workers = 0
-        for pid in _tree(self.pid):
+        for pid in process_tree(self.pid):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
