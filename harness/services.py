@@ -8,14 +8,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.errors import ConfigError, PreflightError
 from harness.gateway.models import GatewaySettings
 from harness.gateway.service import GatewayService
-from harness.http_pool import tls_context
 from harness.processes import ManagedProcess, free_port
 from harness.specs import ContainerSpec, ModelSpec
 
@@ -160,10 +157,11 @@ class Services:
         process.start()
         return process, url
 
-    def revive(self, url: str) -> None:
+    def revive(self, url: str) -> bool:
         """Start the container serving `url` again, on the same port, if its process has
-        died (nothing to do when it is alive and healthy). Raises PreflightError when it
-        cannot: attached rather than started here, restarted too often, or it fails to start."""
+        died or hangs (nothing to do when it answers); True when it started a new process.
+        Raises PreflightError when it cannot: attached rather than started here, restarted
+        too often, or it fails to start."""
         found = [(p, key[0]) for key, (p, u) in self._containers.items() if u == url]
         if not found:
             raise PreflightError(f"no container at {url} was started by this harness: cannot restart it")
@@ -172,14 +170,22 @@ class Services:
             raise PreflightError(f"container {name} at {url} is attached, not started by the harness: "
                                  "cannot restart it")
         with self._restart_lock:
-            if process.alive() and _healthy(f"{url}/health"):
-                return
+            if process.alive():
+                # busy is not dead: a live process (e.g. one just restarted, taking every run's
+                # retries at once) gets as long to answer as a starting one before it is replaced,
+                # or the rollouts it holds fail with it
+                try:
+                    process.wait_ready()
+                    return False
+                except PreflightError:
+                    pass  # it exited meanwhile, or answered nothing in that time (and was stopped)
             done = self._restarts.get(url, 0)
             if done >= self.max_restarts:
                 raise PreflightError(f"container {name} at {url} died again after {done} restart(s): not restarting it")
             self._restarts[url] = done + 1
             process.stop()
             process.start()  # same command, same port: every run's url stays valid
+            return True
 
     def restarts(self) -> dict[str, int]:
         """Restarts so far, per container url."""
@@ -264,10 +270,3 @@ class Services:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0, verify=tls_context()).status_code == 200
-    except httpx.HTTPError:
-        return False

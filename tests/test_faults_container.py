@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -294,6 +295,30 @@ def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, sc
     kinds = [e["kind"] for e in ev["events"]]
     assert kinds[:3] == ["start", "container_restart", "container_restarted"]
     assert "GET /health failed (transient): ConnectError" in json.loads(ev["events"][1]["data_json"])["error"]
+
+
+@pytest.mark.parametrize("silent_s", [3.0, None], ids=["busy", "hung"])
+def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tmp_path, silent_s) -> None:
+    """A restart asked for while the process lives but does not answer (stopped with SIGSTOP:
+    from outside, a fresh process swamped by every run's retries looks the same). Silent for
+    3 s, past one 2 s health probe, it is left alone once it answers within its startup
+    timeout; silent for good, it is replaced."""
+    with Services(tmp_path / "logs") as services:
+        url = services.container_url(chaos_spec(data_dir, startup_timeout_s=8))
+        pid = stats(url)["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        wake = threading.Timer(silent_s, os.kill, (pid, signal.SIGCONT)) if silent_s else None
+        if wake:
+            wake.start()
+        try:
+            services.revive(url)
+        finally:
+            if wake:
+                wake.join()
+        if silent_s:
+            assert services.restarts() == {} and stats(url)["pid"] == pid
+        else:
+            assert services.restarts() == {url: 1} and stats(url)["pid"] != pid
 
 
 @pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])

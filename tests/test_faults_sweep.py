@@ -129,6 +129,8 @@ def test_a_container_that_dies_mid_sweep_is_restarted_by_the_driver(tmp_path, da
     assert restarted, "no run saw the container die"
     (log,) = (sweep_dir / "logs").glob("*container-chaos_small*.log")
     assert log.read_text().count("chaos: exiting after 150 rollouts") == 1
+    # one restart for the one death, said on the console: every run's request found it answering again
+    assert out.stdout.count("restarted the container at") == 1, out.stdout[-3000:]
 
 
 # ---------------------------------------------------------------- the driver is killed

@@ -119,7 +119,7 @@ def endpoint_limits(base: HarnessConfig, endpoints: Any) -> dict[str, int]:
 
 def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
               base: HarnessConfig, store: SweepStore, rows: dict[str, dict[str, Any]], log_dir: Path,
-              console: Console, worker_cls: Any, revive: Callable[[str], None] | None = None,
+              console: Console, worker_cls: Any, revive: Callable[[str], bool] | None = None,
               live_usage: Callable[[], str] | None = None, tracking: MlflowTarget | None = None,
               notes: dict[str, ExportNote] | None = None) -> None:
     """Run `todo` on actors of `worker_cls`, a bounded number in flight, each where
@@ -186,7 +186,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
             if not in_flight:
                 continue
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
-            _serve_restarts(board, revive)
+            _serve_restarts(board, revive, console)
             for ref in ready:
                 run, actor, slot = in_flight.pop(ref)
                 run_id = run.spec.run_id
@@ -227,7 +227,7 @@ def _node_fields(slot: Any, lost_on: list[str] | None, placement: Any) -> dict[s
             "moved_from": ",".join(placement.label(n) for n in lost_on) if lost_on else None}
 
 
-def _serve_restarts(board: Any, revive: Callable[[str], None] | None) -> None:
+def _serve_restarts(board: Any, revive: Callable[[str], bool] | None, console: Console) -> None:
     import ray
 
     for url, ticket in ray.get(board.take_restarts.remote()):
@@ -236,7 +236,8 @@ def _serve_restarts(board: Any, revive: Callable[[str], None] | None) -> None:
             error = f"container at {url} stopped answering; this sweep cannot restart containers"
         else:
             try:
-                revive(url)
+                if revive(url):
+                    console.print(f"restarted the container at {url}: it had stopped answering", highlight=False)
             except Exception as exc:  # noqa: BLE001 - the runs that asked fail with it; the sweep goes on
                 error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
         board.restart_done.remote(url, ticket, error)

@@ -171,8 +171,10 @@ class RunWorker:
                                    endpoints.limit_key(endpoints.policy_url), holder=holder)
         proposer_gate = shared_gate(limiter, endpoints.limit_key(endpoints.proposer_url), holder=holder)
         try:
+            # the driver may wait out a live but silent process, then start a new one
+            revive_s = 2 * spec.container.startup_timeout_s + 60
             restart = (node_restarter(node_services, endpoints.container_url) if node_services is not None
-                       else board_restarter(board, endpoints.container_url, spec.container.startup_timeout_s + 60))
+                       else board_restarter(board, endpoints.container_url, revive_s))
             outcome = run_sync(spec, endpoints, observer=observe, max_error_rate=max_error_rate,
                                rollout_gate=rollout_gate, proposer_gate=proposer_gate,
                                restart_container=restart, force=force)
