@@ -75,7 +75,7 @@ class RunContext:
         self._slots = asyncio.Semaphore(spec.concurrency)
         # model calls go through the inference gateway: per-rollout URLs, metered cost
         self.gateway = gateway
-        # a container that stops answering (its process died) is restarted once per run
+        # a container that stops answering (its process died) is restarted by whoever started it
         self.container = ContainerKeeper(client, spec.container.name, restart_container, self.event)
         # spend metered by an earlier process of this run (restored from its checkpoint)
         self._carried_cost = 0.0

@@ -5,9 +5,10 @@ Banking77 child process with faults chosen per rollout id), through whole runs
 Each fault: transient ones (500, a hang past the timeout) are retried with backoff up to a
 cap and the row ends ok; answers that break the contract (a cut-off JSON body, no reward,
 another rollout id) are failed rows with their error and no reward (never a zero); a run whose
-failed share passes its tolerance stops as failed (stop reason `error_rate`); a container process killed mid-run is restarted once
-through the Services that started it, or the run fails with the reason. The client-level
-behaviour of each fault (one request at a time) is in test_contract_client.py."""
+failed share passes its tolerance stops as failed (stop reason `error_rate`); a container
+process killed mid-run is restarted through the Services that started it (up to their
+cap), or the run fails with the reason. The client-level behaviour of each fault (one
+request at a time) is in test_contract_client.py."""
 
 from __future__ import annotations
 
@@ -228,17 +229,18 @@ def test_a_failure_rate_past_the_tolerance_stops_the_run(chaos, tmp_path, script
 # ---------------------------------------------------------------- the container process dies
 
 
-def kill_at(pid: int, rollouts: int) -> Callable[[Progress], None]:
-    """A run observer that SIGKILLs the container once `rollouts` rollouts have landed, and
-    waits until the process is gone: from the run's own loop, so the run cannot finish
-    first (a watcher thread polling the container lost that race on a fast machine)."""
-    done = False
+def kill_at(url: str, *rollouts: int) -> Callable[[Progress], None]:
+    """A run observer that SIGKILLs the chaos process answering at `url` each time the run
+    has landed one of `rollouts` rollouts, and waits until the process is gone: from the
+    run's own loop, so the run cannot finish first (a watcher thread polling the container
+    lost that race on a fast machine)."""
+    left = sorted(rollouts)
 
     def observe(progress: Progress) -> None:
-        nonlocal done
-        if done or progress.rollouts < rollouts:
+        if not left or progress.rollouts < left[0]:
             return
-        done = True
+        left.pop(0)
+        pid = stats(url)["pid"]
         os.kill(pid, signal.SIGKILL)
         stat = Path(f"/proc/{pid}/stat")
         deadline = time.monotonic() + 10
@@ -253,21 +255,26 @@ def kill_at(pid: int, rollouts: int) -> Callable[[Progress], None]:
     return observe
 
 
-def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, tmp_path, scripted_policy) -> None:
+@pytest.mark.parametrize("kills", [(10,), (10, 20)], ids=["once", "twice"])
+def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, tmp_path, scripted_policy,
+                                                                      kills) -> None:
+    """Killed twice, it is restarted twice: whether to restart is the Services' call (their
+    cap per container), so a sweep's run also outlives a second death of the container it
+    shares with the others."""
     with Services(tmp_path / "logs") as services:
         spec_c = chaos_spec(data_dir)
         url = services.container_url(spec_c)
         first_pid = stats(url)["pid"]
         outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
-                         restart_container=services.restarter(url), observer=kill_at(first_pid, rollouts=10))
-        assert services.restarts() == {url: 1}
+                         restart_container=services.restarter(url), observer=kill_at(url, *kills))
+        assert services.restarts() == {url: len(kills)}
         assert stats(url)["pid"] != first_pid  # a new process, on the same url
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     # the rollouts in flight when it died were sent again after the restart: none failed
     assert {r["status"] for r in ev["rollouts"]} == {"ok"}
     kinds = [e["kind"] for e in ev["events"]]
-    assert kinds.count("container_restart") == kinds.count("container_restarted") == 1
+    assert kinds.count("container_restart") == kinds.count("container_restarted") == len(kills)
 
 
 def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, scripted_policy) -> None:
@@ -323,7 +330,8 @@ def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tm
 
 @pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])
 def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tmp_path, scripted_policy, case) -> None:
-    """--die-after 6: the process exits at its 7th rollout request (and again after a restart)."""
+    """--die-after 6: the process exits at its 7th rollout request, and again after each
+    restart, until the Services that started it stop restarting it (3 restarts)."""
     with Services(tmp_path / "logs", max_restarts=0 if case == "no_restarts_left" else 3) as services:
         started = chaos_spec(data_dir, "--die-after", "6")
         url = services.container_url(started)
@@ -340,8 +348,8 @@ def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tm
                              restart_container=hook)
     assert outcome.status == "failed"
     expected = {
-        "dies_again": "container chaos stopped answering again after a restart: POST /rollout failed (transient): "
-                      "ConnectError",
+        "dies_again": f"container chaos stopped answering and the restart failed: container chaos at {url} "
+                      "died again after 3 restart(s): not restarting it",
         "attached": "container chaos stopped answering and cannot be restarted (attached by url, not started by "
                     "the harness: start it again, then rerun): POST /rollout failed (transient): ConnectError",
         "no_restarts_left": f"container chaos stopped answering and the restart failed: container chaos at {url} "
