@@ -37,7 +37,7 @@ class ContainerKeeper:
         return await self.client.rollout(request, answers)
 
     def restarted_before_start(self, error: str) -> None:
-        """Preflight found the container dead and restarted it: that was this run's restart."""
+        """Preflight found the container dead and had it restarted: recorded as this run's restart."""
         self.restarts += 1
         self._event("container_restart", f"container {self.name} did not answer preflight; restarting it",
                     error=error)
