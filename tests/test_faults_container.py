@@ -311,7 +311,7 @@ def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tm
     3 s, past one 2 s health probe, it is left alone once it answers within its startup
     timeout; silent for good, it is replaced."""
     with Services(tmp_path / "logs") as services:
-        url = services.container_url(chaos_spec(data_dir, startup_timeout_s=8))
+        url = services.container_url(chaos_spec(data_dir, startup_timeout_s=20))
         pid = stats(url)["pid"]
         os.kill(pid, signal.SIGSTOP)
         wake = threading.Timer(silent_s, os.kill, (pid, signal.SIGCONT)) if silent_s else None
