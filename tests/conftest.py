@@ -65,13 +65,14 @@ def make_run_spec(container: Any, evidence_root: Path | str, *, train: list[str]
     )
 
 
-def execute(spec: Any, container_url: str, policy_url: str, proposer_url: str | None = None):
-    """harness.run.run_sync on the given endpoints (proposer defaults to the policy server)."""
+def execute(spec: Any, container_url: str, policy_url: str, proposer_url: str | None = None, **kwargs: Any):
+    """harness.run.run_sync on the given endpoints (proposer defaults to the policy server);
+    keyword arguments go on to it (e.g. a fault plan's hooks)."""
     from harness.run import run_sync
     from harness.services import Endpoints
 
     endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return run_sync(spec, endpoints)
+    return run_sync(spec, endpoints, **kwargs)
 
 
 def read_evidence(run_dir: str | Path) -> dict[str, Any]:

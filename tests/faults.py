@@ -14,8 +14,6 @@ import pyarrow.parquet as pq
 
 from conftest import make_run_spec
 from harness.evidence.schema import TABLES
-from harness.run import RunOutcome, run_sync
-from harness.services import Endpoints
 from harness.specs import ContainerSpec, RunSpec
 
 TRAIN = [f"train:{i}" for i in range(8)]
@@ -37,12 +35,6 @@ def small_spec(container: ContainerSpec, root: Path | str, *, budget: int = 30, 
     """A small GEPA run (8 train, 4 pareto, 4 heldout rows) with scripted models."""
     return make_run_spec(container, root, train=TRAIN, pareto=PARETO, heldout=HELDOUT, max_rollouts=budget,
                          seed=seed, params={"minibatch_size": 3, **(params or {})}, **kwargs)
-
-
-def run_on(spec: RunSpec, container_url: str, policy_url: str, proposer_url: str | None = None,
-           **kwargs: Any) -> RunOutcome:
-    endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return run_sync(spec, endpoints, **kwargs)
 
 
 def check_rows_exactly_once(run_dir: Path | str) -> dict[str, Any]:

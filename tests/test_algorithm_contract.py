@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 
 from algorithms.registry import algorithm_names
 from benchmarks.containers.banking77 import SEED_SYSTEM
-from conftest import CONTAINER_MODULES
+from conftest import CONTAINER_MODULES, execute
 from harness.errors import ConfigError
 from harness.run import RunOutcome, execute_run, run_sync
 from harness.scripted_model import RULE_TEMPLATE
@@ -115,11 +115,6 @@ def make_spec(algorithm: str, root: Path, *, params: dict[str, Any] | None = Non
         pools=pools, budget=BudgetSpec(max_rollouts=budget), seed=seed, heldout_candidates="all",
         concurrency=4, evidence_root=str(root),
     )
-
-
-def run(spec: RunSpec, container_url: str, policy_url: str, proposer_url: str | None = None) -> RunOutcome:
-    endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=proposer_url or policy_url)
-    return run_sync(spec, endpoints)
 
 
 # ---- evidence checks --------------------------------------------------------------------------
@@ -220,7 +215,7 @@ def test_every_algorithm_is_registered() -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_contract_with_scripted_models(algorithm: str, stack: Stack, tmp_path: Path) -> None:
     spec = make_spec(algorithm, tmp_path)
-    outcome = run(spec, stack.container_url, stack.rules_url)
+    outcome = execute(spec, stack.container_url, stack.rules_url)
     ev = check_contract(outcome, spec)
     assert ev.rollouts.filter(pl.col("status") != "ok").height == 0
     if algorithm != "seed_only":
@@ -231,7 +226,7 @@ def test_contract_with_scripted_models(algorithm: str, stack: Stack, tmp_path: P
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_contract_on_heart_disease(algorithm: str, stack: Stack, heart_disease_url: str, tmp_path: Path) -> None:
     spec = make_spec(algorithm, tmp_path, container="heart_disease")
-    ev = check_contract(run(spec, heart_disease_url, stack.rules_url), spec)
+    ev = check_contract(execute(spec, heart_disease_url, stack.rules_url), spec)
     assert ev.rollouts.filter(pl.col("status") != "ok").height == 0
     assert set(ev.rollouts["reward"]) <= {0.0, 1.0}
 
@@ -239,7 +234,7 @@ def test_contract_on_heart_disease(algorithm: str, stack: Stack, heart_disease_u
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_container_error_on_one_row_is_an_error_row_without_reward(algorithm: str, stack: Stack, tmp_path: Path) -> None:
     spec = make_spec(algorithm, tmp_path, budget=30)
-    outcome = run(spec, stack.failing_url, stack.rules_url)
+    outcome = execute(spec, stack.failing_url, stack.rules_url)
     ev = check_contract(outcome, spec)
     bad = ev.rollouts.filter(pl.col("task_id") == BAD_TASK)
     assert bad.height >= 1  # the seed on the pareto pool, then every candidate scored there
@@ -256,7 +251,7 @@ def test_container_error_on_one_row_is_an_error_row_without_reward(algorithm: st
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_container_failing_every_rollout_fails_the_run(algorithm: str, stack: Stack, tmp_path: Path) -> None:
     spec = make_spec(algorithm, tmp_path, budget=30)
-    outcome = run(spec, stack.broken_url, stack.rules_url)
+    outcome = execute(spec, stack.broken_url, stack.rules_url)
     assert outcome.status == "failed"
     assert "rollouts failed" in (outcome.error or "")
     ev = load(outcome)
@@ -268,7 +263,7 @@ def test_a_container_failing_every_rollout_fails_the_run(algorithm: str, stack: 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_budget_smaller_than_the_pareto_pool_returns_the_seed(algorithm: str, stack: Stack, tmp_path: Path) -> None:
     spec = make_spec(algorithm, tmp_path, budget=len(PARETO) - 1)
-    outcome = run(spec, stack.container_url, stack.rules_url)
+    outcome = execute(spec, stack.container_url, stack.rules_url)
     ev = check_contract(outcome, spec)
     assert outcome.stop_reason == "max_rollouts"
     assert outcome.rollouts == 0 and outcome.best_candidate_id == ev.manifest["seed_candidate_id"]
@@ -281,7 +276,7 @@ def test_a_proposer_that_keeps_failing_fails_the_run(algorithm: str, stack: Stac
     run fails with the endpoint's error instead of stalling."""
     spec = make_spec(algorithm, tmp_path, budget=30, params={"max_proposer_errors": 3})
     with ScriptedModelThread("fail_429") as proposer:
-        outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
+        outcome = execute(spec, stack.container_url, stack.rules_url, proposer.base_url)
     assert outcome.status == "failed" and "429" in (outcome.error or "")
     ev = load(outcome)
     assert ev.manifest["status"] == "failed"
@@ -303,7 +298,7 @@ def test_gepa_arms_score_the_seed_on_the_same_rows(stack: Stack, tmp_path: Path)
         params = {"max_new_lines": 12} if algorithm == "gepa" else None
         spec = make_spec(algorithm, tmp_path / algorithm, proposer=QUEUE, budget=60, params=params)
         with ScriptedModelThread("queue", replies) as proposer:
-            outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
+            outcome = execute(spec, stack.container_url, stack.rules_url, proposer.base_url)
         ev = check_contract(outcome, spec)
         seed_rows = ev.rollouts.filter(pl.col("stage") == "seed")
         seeds[algorithm] = list(zip(seed_rows["task_id"], seed_rows["reward"]))
@@ -318,7 +313,7 @@ def test_gepa_arms_score_the_seed_on_the_same_rows(stack: Stack, tmp_path: Path)
 def test_gepa_ai_maps_the_library_tree_and_proposals(stack: Stack, tmp_path: Path) -> None:
     spec = make_spec("gepa_ai", tmp_path, proposer=QUEUE, budget=60)
     with ScriptedModelThread("queue", rule_replies(stack.container_url)) as proposer:
-        outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
+        outcome = execute(spec, stack.container_url, stack.rules_url, proposer.base_url)
     ev = check_contract(outcome, spec)
     tree = ev.events.filter(pl.col("kind") == "library_tree")
     assert tree.height == 1
@@ -352,7 +347,7 @@ def test_gepa_ai_stops_at_the_budget_inside_an_iteration(stack: Stack, tmp_path:
     accepted child's pareto scoring (6) would overshoot, so it is refused and recorded."""
     spec = make_spec("gepa_ai", tmp_path, proposer=QUEUE, budget=17)
     with ScriptedModelThread("queue", rule_replies(stack.container_url)) as proposer:
-        outcome = run(spec, stack.container_url, stack.rules_url, proposer.base_url)
+        outcome = execute(spec, stack.container_url, stack.rules_url, proposer.base_url)
     ev = check_contract(outcome, spec)
     assert outcome.stop_reason == "max_rollouts"
     assert outcome.rollouts == 14
@@ -371,7 +366,7 @@ def test_gepa_ai_runs_are_reproducible(stack: Stack, tmp_path: Path) -> None:
     for attempt in range(2):
         spec = make_spec("gepa_ai", tmp_path / str(attempt), proposer=QUEUE, budget=40, seed=3)
         with ScriptedModelThread("queue", replies) as proposer:
-            ev = check_contract(run(spec, stack.container_url, stack.rules_url, proposer.base_url), spec)
+            ev = check_contract(execute(spec, stack.container_url, stack.rules_url, proposer.base_url), spec)
         seen.append((
             ev.rollouts.select("seq", "candidate_id", "task_id", "stage", "reward").rows(),
             ev.candidates.select("candidate_id", "parent_ids", "origin", "digest").rows(),

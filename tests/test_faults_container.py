@@ -30,13 +30,12 @@ from fastapi import HTTPException
 
 from benchmarks.containers.chaos import FAULT_KINDS, Chaos, FaultPlan
 from benchmarks.containers.kit import RolloutEnv
-from conftest import run_cli
+from conftest import execute, run_cli
 from faults import (
     chaos_spec,
     check_rows_exactly_once,
     container_log,
     injected_faults,
-    run_on,
     small_spec,
 )
 from harness.http_pool import SharedSession
@@ -127,7 +126,7 @@ def test_the_journal_keeps_attempt_counts_across_a_restart(data_dir: Path, tmp_p
 
 def test_a_500_on_some_rollouts_is_retried_and_every_row_ends_ok(chaos, tmp_path, scripted_policy) -> None:
     spec_c, url = chaos("--fault-rate", "0.3", "--fault-kinds", "500", "--seed", "1")
-    outcome = run_on(small_spec(spec_c, tmp_path), url, scripted_policy.base_url)
+    outcome = execute(small_spec(spec_c, tmp_path), url, scripted_policy.base_url)
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     plan = FaultPlan(rate=0.3, kinds=("500",), seed=1)
@@ -141,7 +140,7 @@ def test_a_500_on_some_rollouts_is_retried_and_every_row_ends_ok(chaos, tmp_path
 def test_a_persistent_500_is_retried_up_to_the_cap_then_a_failed_row(chaos, tmp_path, scripted_policy) -> None:
     spec_c, url = chaos("--fault-rate", "0.2", "--fault-kinds", "500", "--fault-attempts", "0", "--seed", "2")
     started = time.monotonic()
-    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
+    outcome = execute(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
     assert outcome.status == "done", outcome.error  # under the 50% tolerance: the run goes on
     ev = check_rows_exactly_once(outcome.evidence_dir)
     failed = [r for r in ev["rollouts"] if r["status"] != "ok"]
@@ -161,7 +160,7 @@ def test_a_hang_past_the_timeout_is_retried(chaos, tmp_path, scripted_policy) ->
     spec_c, url = chaos("--fault-rate", "0.25", "--fault-kinds", "hang", "--hang-s", "60", "--seed", "3",
                         timeout_s=1.0)
     started = time.monotonic()
-    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
+    outcome = execute(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url)
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     hung = faulted_rows(ev["rollouts"], FaultPlan(rate=0.25, kinds=("hang",), seed=3)).get("hang", [])
@@ -183,7 +182,7 @@ ERRORS = {
 def test_malformed_unrewarded_and_misaddressed_answers_are_failed_rows(chaos, tmp_path, scripted_policy) -> None:
     spec_c, url = chaos("--fault-rate", "0.25", "--fault-kinds", "malformed,no_reward,wrong_id", "--seed", "4")
     spec = small_spec(spec_c, tmp_path, budget=30).model_copy(update={"heldout_candidates": "all"})
-    outcome = run_on(spec, url, scripted_policy.base_url)
+    outcome = execute(spec, url, scripted_policy.base_url)
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     plan = FaultPlan(rate=0.25, kinds=("malformed", "no_reward", "wrong_id"), seed=4)
@@ -214,7 +213,7 @@ def test_malformed_unrewarded_and_misaddressed_answers_are_failed_rows(chaos, tm
 @pytest.mark.parametrize("tolerance, status", [(0.5, "failed"), (0.95, "done")])
 def test_a_failure_rate_past_the_tolerance_stops_the_run(chaos, tmp_path, scripted_policy, tolerance, status) -> None:
     spec_c, url = chaos("--fault-rate", "0.7", "--fault-kinds", "no_reward", "--seed", "5")
-    outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url, max_error_rate=tolerance)
+    outcome = execute(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url, max_error_rate=tolerance)
     assert outcome.status == status
     ev = check_rows_exactly_once(outcome.evidence_dir)
     assert ev["manifest"]["status"] == status
@@ -265,7 +264,7 @@ def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, 
         spec_c = chaos_spec(data_dir)
         url = services.container_url(spec_c)
         first_pid = stats(url)["pid"]
-        outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
+        outcome = execute(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
                          restart_container=services.restarter(url), observer=kill_at(url, *kills))
         assert services.restarts() == {url: len(kills)}
         assert stats(url)["pid"] != first_pid  # a new process, on the same url
@@ -294,7 +293,7 @@ def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, sc
             time.sleep(0.05)
         else:
             pytest.fail("the killed container still answers")
-        outcome = run_on(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url,
+        outcome = execute(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url,
                          restart_container=services.restarter(url))
         assert services.restarts() == {url: 1}
     assert outcome.status == "done", outcome.error
@@ -344,7 +343,7 @@ def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tm
         else:
             hook = services.restarter(url)
         with attaching:
-            outcome = run_on(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
+            outcome = execute(small_spec(spec_c, tmp_path, budget=30), url, scripted_policy.base_url,
                              restart_container=hook)
     assert outcome.status == "failed"
     expected = {

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import container_spec, run_cli, scripted_spec
-from faults import check_rows_exactly_once, run_on, small_spec
+from conftest import container_spec, execute, run_cli, scripted_spec
+from faults import check_rows_exactly_once, small_spec
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.retry import RetryPolicy
@@ -116,7 +116,7 @@ def test_a_flaky_policy_behind_the_container(tmp_path, data_dir, banking77_url) 
     kinds = ",".join(FLAKY_KINDS)
     with ScriptedModelThread(f"flaky?rate=0.5&kinds={kinds}&retry_after=0.1&slow_s=0.3&seed=3") as policy, \
             ScriptedModelThread("rules") as proposer:
-        outcome = run_on(small_spec(container_spec("banking77", data_dir), tmp_path, budget=30), banking77_url,
+        outcome = execute(small_spec(container_spec("banking77", data_dir), tmp_path, budget=30), banking77_url,
                          policy.base_url, proposer.base_url)
         faults = stats(policy)["faults"]
     assert outcome.status == "done", outcome.error
@@ -134,7 +134,7 @@ def test_a_flaky_proposer(tmp_path, data_dir, banking77_url, scripted_policy) ->
     proposer = scripted_spec("flaky?rate=0.5&retry_after=0.1&slow_s=2&seed=1", max_tokens=4000)
     spec = spec.model_copy(update={"proposer": proposer.model_copy(update={"timeout_s": 0.5})})
     with ScriptedModelThread(proposer.source) as server:
-        outcome = run_on(spec, banking77_url, scripted_policy.base_url, server.base_url)
+        outcome = execute(spec, banking77_url, scripted_policy.base_url, server.base_url)
         served = stats(server)
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
@@ -149,7 +149,7 @@ def test_a_flaky_proposer(tmp_path, data_dir, banking77_url, scripted_policy) ->
 def test_a_refused_proposer_fails_the_run_cleanly(tmp_path, data_dir, banking77_url, scripted_policy) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     spec = small_spec(container_spec("banking77", data_dir), tmp_path, budget=30, params={"max_proposer_errors": 1})
-    outcome = run_on(spec, banking77_url, scripted_policy.base_url, dead)
+    outcome = execute(spec, banking77_url, scripted_policy.base_url, dead)
     assert outcome.status == "failed"
     assert outcome.error == f"model call failed (transient): ConnectError calling {dead}/chat/completions"
     ev = check_rows_exactly_once(outcome.evidence_dir)
@@ -160,7 +160,7 @@ def test_a_refused_proposer_fails_the_run_cleanly(tmp_path, data_dir, banking77_
 def test_a_refused_policy_fails_the_run_at_the_tolerance(tmp_path, data_dir, banking77_url, scripted_policy) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     spec = small_spec(container_spec("banking77", data_dir), tmp_path, budget=30)
-    outcome = run_on(spec, banking77_url, dead, scripted_policy.base_url)
+    outcome = execute(spec, banking77_url, dead, scripted_policy.base_url)
     assert outcome.status == "failed"
     assert outcome.error is not None and "rollouts failed (tolerance 50%)" in outcome.error
     assert f"ConnectError calling {dead}/chat/completions" in outcome.error

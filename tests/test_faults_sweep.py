@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import container_spec
-from faults import check_rows_exactly_once, run_on, small_spec
+from conftest import container_spec, execute
+from faults import check_rows_exactly_once, small_spec
 from harness.checkpoint import CheckpointStore
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
@@ -223,7 +223,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tiny_disk, free
     fill(tiny_disk, free_kib * 1024)
     spec = small_spec(container_spec("banking77", data_dir), tiny_disk / "evidence", budget=30)
     with pytest.raises(HarnessError) as caught:
-        run_on(spec, banking77_url, scripted_policy.base_url)
+        execute(spec, banking77_url, scripted_policy.base_url)
     message = str(caught.value)
     # the run writes into its staging folder and is swapped in only when whole
     staged = re.escape(f"{tiny_disk}/evidence/local/.staging/{spec.run_id}-")
@@ -257,7 +257,7 @@ def test_a_read_only_evidence_disk_fails_before_any_rollout(tmp_path, data_dir, 
     try:
         with ScriptedModelThread("rules") as policy:
             with pytest.raises(HarnessError, match=r"^evidence directory .*/ro/local is not writable: .*Read-only"):
-                run_on(small_spec(container_spec("banking77", data_dir), disk, budget=10), banking77_url,
+                execute(small_spec(container_spec("banking77", data_dir), disk, budget=10), banking77_url,
                        policy.base_url)
             assert asyncio.run(_served(policy.stats_url)) == 0  # no rollout, no proposal
         assert files_under(disk) == []

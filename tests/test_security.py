@@ -38,9 +38,9 @@ from algorithms.gepa.reflect import apply
 from harness.llm import ChatResult
 from benchmarks.containers.banking77 import SEED_SYSTEM
 from benchmarks.containers.chaos import Chaos, FaultPlan
-from conftest import REPO, container_spec, run_cli
+from conftest import REPO, container_spec, execute, run_cli
 from servers import ScriptedModelThread, ServerThread
-from faults import assert_no_secret, check_rows_exactly_once, chaos_spec, run_on, small_spec
+from faults import assert_no_secret, check_rows_exactly_once, chaos_spec, small_spec
 from harness.candidates import digest_of
 from harness.console import print_outcome
 from harness.processes import ManagedProcess, free_port
@@ -194,7 +194,7 @@ def test_no_key_in_any_file_or_error_when_services_echo_it(data_dir, tmp_path, m
         endpoints = services.endpoints(container, policy, proposer)
         spec = small_spec(container, evidence, budget=30).model_copy(update={"policy": policy, "proposer": proposer})
         with ServerThread(echoing_proxy(endpoints.container_url, {"train:9"})) as proxy:
-            outcome = run_on(spec, proxy.url, endpoints.policy_url, endpoints.proposer_url)
+            outcome = execute(spec, proxy.url, endpoints.policy_url, endpoints.proposer_url)
     # every service really did echo the header, and every one of those errors was kept ...
     assert policy_model.calls["failed"] and proposer_model.calls["failed"] and not policy_model.calls["refused"]
     assert outcome.status == "failed" and outcome.error is not None
@@ -289,7 +289,7 @@ def test_hostile_proposer_output_round_trips_byte_exactly(data_dir, tmp_path, ba
     with ScriptedModelThread("queue", [reply]) as proposer, \
             ServerThread(recording_proxy(banking77_url, container_seen)) as container, \
             ServerThread(recording_proxy(scripted_policy.base_url.removesuffix("/v1"), policy_seen)) as policy:
-        outcome = run_on(spec, container.url, f"{policy.url}/v1", proposer.base_url)
+        outcome = execute(spec, container.url, f"{policy.url}/v1", proposer.base_url)
     assert outcome.status == "done", outcome.error
     ev = check_rows_exactly_once(outcome.evidence_dir)
     children = [c for c in ev["candidates"] if c["origin"] != "seed"]

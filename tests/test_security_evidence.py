@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.report.__main__ import main as report_main
-from conftest import container_spec, run_cli
+from conftest import container_spec, execute, run_cli
 from servers import GatewayThread, ScriptedModelThread, ServerThread
 from faults import small_spec
 from harness.client import ContainerClient
@@ -42,15 +42,10 @@ from harness.services import Endpoints
 pytestmark = pytest.mark.timeout(300)
 
 
-def run(spec: Any, container_url: str, policy_url: str, **kwargs: Any):
-    endpoints = Endpoints(container_url=container_url, policy_url=policy_url, proposer_url=policy_url)
-    return run_sync(spec, endpoints, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory, data_dir, banking77_url) -> Path:
     with ScriptedModelThread("rules") as model:
-        outcome = run(small_spec(container_spec("banking77", data_dir), tmp_path_factory.mktemp("ev"), budget=20),
+        outcome = execute(small_spec(container_spec("banking77", data_dir), tmp_path_factory.mktemp("ev"), budget=20),
                       banking77_url, model.base_url)
     assert outcome.status == "done", outcome.error
     return Path(outcome.evidence_dir)
@@ -59,15 +54,15 @@ def done_run(tmp_path_factory, data_dir, banking77_url) -> Path:
 def test_a_done_run_is_never_lost_on_rerun(tmp_path, data_dir, banking77_url) -> None:
     spec = small_spec(container_spec("banking77", data_dir), tmp_path, budget=20)
     with ScriptedModelThread("rules") as model:
-        first = run(spec, banking77_url, model.base_url)
+        first = execute(spec, banking77_url, model.base_url)
         manifest = Path(first.evidence_dir) / "manifest.json"
         before = manifest.read_bytes()
         with pytest.raises(HarnessError, match="already done"):
-            run(spec, banking77_url, model.base_url)
+            execute(spec, banking77_url, model.base_url)
         with pytest.raises(HarnessError):  # a forced redo that cannot even start: nothing touched
-            run(spec, "http://127.0.0.1:9", model.base_url, force=True)
+            execute(spec, "http://127.0.0.1:9", model.base_url, force=True)
         assert manifest.read_bytes() == before
-        redone = run(spec, banking77_url, model.base_url, force=True)
+        redone = execute(spec, banking77_url, model.base_url, force=True)
     assert redone.status == "done" and redone.evidence_dir == first.evidence_dir
     after = json.loads(manifest.read_text())
     assert after["timings"]["started_at"] != json.loads(before)["timings"]["started_at"]

@@ -67,20 +67,19 @@ def process_cpu_s(pid: int) -> float | None:
 
 def process_tree(root: int) -> set[int]:
     """`root` and every process below it, from /proc."""
-    parents: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
-                parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
             except (OSError, ValueError):
                 continue
     below, frontier = {root}, [root]
     while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in below]
-        below.update(children)
-        frontier.extend(children)
+        found = [pid for pid in children.get(frontier.pop(), ()) if pid not in below]
+        below.update(found)
+        frontier.extend(found)
     return below
 
 
