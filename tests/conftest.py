@@ -67,7 +67,7 @@ def make_run_spec(container: Any, evidence_root: Path | str, *, train: list[str]
 
 def execute(spec: Any, container_url: str, policy_url: str, proposer_url: str | None = None, **kwargs: Any):
     """harness.run.run_sync on the given endpoints (proposer defaults to the policy server);
-    keyword arguments go on to it (e.g. a fault plan's hooks)."""
+    keyword arguments go on to it (max_error_rate, force, rollout_gate)."""
     from harness.run import run_sync
     from harness.services import Endpoints
 
