@@ -436,3 +436,33 @@ def test_the_examples_edit_quotes_the_containers_citations_without_a_proposer_ca
     for line in lines:
         quoted, label = line.removeprefix('- "').rsplit('" -> ', 1)
         assert quoted in cited[label] and quoted not in own
+
+
+def test_with_cited_memory_a_later_examples_edit_also_quotes_earlier_failures(tmp_path, data_dir, urls,
+                                                                               bank) -> None:
+    """`cited_memory`: the second `examples` edit quotes, after its own minibatch's
+    citations, those of the first minibatch's failures; without it, only its own."""
+    base = {**EXACT, "edit_formats": ["examples"], "max_cited_lines": 16}
+    added: dict[int, list[str]] = {}
+    cited_first: set[str] = set()
+    for memory in (0, 64):
+        with ScriptedModelThread("queue", ["(a proposer reply would be a failure of this test)"]) as proposer:
+            ev = run_queue(tmp_path / str(memory), data_dir, urls, proposer, bank, max_generations=2,
+                           params={**base, "cited_memory": memory})
+        proposals = ev["proposals"].sort("iteration")
+        assert proposals["edit_format"].to_list() == ["examples", "examples"]
+        texts = {row["candidate_id"]: next(iter(json.loads(row["modules_json"]).values()))
+                 for row in ev["candidates"].iter_rows(named=True)}
+        second = proposals.row(1, named=True)
+        parent_lines = set(texts[second["parent_id"]].splitlines())
+        added[memory] = [ln for ln in texts[second["child_id"]].splitlines() if ln not in parent_lines]
+        # the first iteration's minibatch: the seed's first four minibatch rollouts
+        minibatch = ev["rollouts"].filter(pl.col("stage") == "minibatch").sort("seq")
+        first_rows = minibatch.filter(pl.col("candidate_id") == "c0000").head(4)
+        own_second = set(minibatch.filter(pl.col("candidate_id") == second["parent_id"]).tail(4)["task_id"])
+        cited_first = {text for raw in first_rows.filter(pl.col("reward") < 1)["answer_examples_json"]
+                       for texts_ in json.loads(raw).values() for text in texts_}
+        cited_first -= {bank["rows"][t]["text"] for t in own_second}
+    quoted = {memory: {ln.removeprefix('- "').rsplit('" -> ', 1)[0] for ln in lines} for memory, lines in added.items()}
+    assert len(added[64]) > len(added[0]) > 0
+    assert quoted[64] - quoted[0] and quoted[64] - quoted[0] <= cited_first

@@ -409,3 +409,31 @@ def test_an_examples_edit_adds_up_to_max_cited_lines() -> None:
         proposal = cite_examples(SEED, results, settings)
         assert proposal.added == added
         assert len(LearnedModule.parse(proposal.text).lines("examples")) == added
+
+
+def test_an_examples_edit_with_room_also_quotes_the_runs_earlier_failures() -> None:
+    from algorithms.gepa.reflect import CitationMemory, cite_examples
+
+    first = [cited_failure("card_arrival", "exchange_rate", "my card never came",
+                           {"card_arrival": ("card still not here",), "exchange_rate": ("what rate is it today",)})]
+    second = [cited_failure("top_up_failed", "card_arrival", "my top up did not go through",
+                            {"top_up_failed": ("top up was declined today",),
+                             "card_arrival": ("where is the card I ordered",)})]
+    memory = CitationMemory(capacity=3)
+    memory.remember(first)
+    memory.remember(second)
+    memory.remember(second)  # known pairs keep their place
+    # newest first, the expected answer's before the given one's
+    assert [answer for answer, _ in memory.pairs()] == ["top_up_failed", "card_arrival", "card_arrival"]
+    assert memory.pairs()[2] == ("card_arrival", ("card still not here",))  # the capacity dropped the oldest
+    settings = GepaParams(max_cited_lines=3).edit_settings()
+    # the minibatch's own citations first, then the earlier ones while the edit has room
+    third = [cited_failure("refund_not_showing_up", "top_up_failed", "no refund yet",
+                           {"refund_not_showing_up": ("my refund is missing",)})]
+    lines = LearnedModule.parse(cite_examples(SEED, third, settings, memory.pairs()).text).lines("examples")
+    assert lines == ('- "my refund is missing" -> refund_not_showing_up', '- "top up was declined today" -> top_up_failed',
+                     '- "where is the card I ordered" -> card_arrival')
+    # nothing of the minibatch's own rows, even when an earlier failure's citation quotes one
+    own = [cited_failure("exchange_rate", "card_arrival", "card still not here", {})]
+    assert cite_examples(SEED, own, settings, [("card_arrival", ("card still not here",))]).status == "unchanged"
+    assert CitationMemory(capacity=0).pairs() == ()

@@ -28,7 +28,7 @@ from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
-from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, format_plan
+from algorithms.gepa.reflect import CitationMemory, EditSettings, Proposal, Rotation, format_plan
 from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
@@ -53,6 +53,9 @@ class GepaParams(BaseModel):
     max_learned_lines: int = Field(default=12, gt=1)  # per section; a full rules section is consolidated
     max_example_lines: int = Field(default=24, gt=0)  # the `examples` section keeps its newest lines
     max_cited_lines: int | None = Field(default=None, gt=0)  # lines one `examples` edit adds (None: max_new_lines)
+    # an `examples` edit with room left after its minibatch's citations also quotes those of
+    # the run's earlier minibatch failures, the newest of at most this many (0: its own only)
+    cited_memory: int = Field(default=0, ge=0)
     # a turn whose failures carry cited inputs starts with `examples` (reflect.format_plan)
     examples_first: bool = False
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
@@ -199,6 +202,7 @@ class GepaOptimizer:
         self._health = ProposerHealth(self.params.max_proposer_errors)
         self._rotation = Rotation(ctx.target_modules)
         self._sampler = MinibatchSampler(minibatch_rows, ctx.rng)
+        self._memory = CitationMemory(self.params.cited_memory)
 
     async def _score_seed(self, ctx: RunView, frontier: ParetoFrontier) -> None:
         seed = ctx.seed_candidate
@@ -277,6 +281,7 @@ class GepaOptimizer:
             return
         module, turn = self._rotation.next(iteration)
         child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
+        self._memory.remember(parent_results)
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, [parent_score], "proposal")
 
@@ -378,7 +383,8 @@ class GepaOptimizer:
                             task_info=ctx.task_info if params.use_task_info else None,
                             samples=params.proposal_samples, lines_wanted=params.lines_wanted,
                             sampling={"temperature": temperature,
-                                      "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens})
+                                      "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens},
+                            earlier=self._memory.pairs())
         plan = format_plan(current, params.edit_formats, turn_index, params.proposal_attempts, results, settings,
                            params.examples_first)
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too

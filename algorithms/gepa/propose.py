@@ -19,7 +19,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from algorithms.gepa.reflect import EditSettings, Proposal, apply, cite_examples, request
+from algorithms.gepa.reflect import CitedPairs, EditSettings, Proposal, apply, cite_examples, request
 from algorithms.protocol import RunView
 from harness.candidates import RolloutResult
 from harness.errors import FailureKind, ServiceError
@@ -79,6 +79,7 @@ class TurnInputs:
     samples: int  # replies per request
     lines_wanted: int
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, max_tokens
+    earlier: CitedPairs = ()  # citations of the run's earlier failures, for an `examples` edit with room left
 
 
 async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
@@ -87,7 +88,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
     for edit_format in plan:
         turn.edit_format = edit_format
         if edit_format == "examples":  # the container's citations: no proposer call
-            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings)
+            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
             if turn.changed:
                 break
             continue
@@ -114,7 +115,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
 async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
                   scopes: list[str]) -> Turn:
     if plan[0] == "examples":  # free: when the citations change the module, nothing is asked
-        cited = cite_examples(inputs.current, inputs.results, inputs.settings)
+        cited = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
         if cited.status == "changed":
             return Turn(edit_format="examples", proposal=cited)
     asked = [(i, request(inputs.current, inputs.results, f, inputs.task_info, inputs.settings))
@@ -138,7 +139,7 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
     for i, edit_format in enumerate(plan):
         turn.edit_format = edit_format
         if edit_format == "examples":
-            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings)
+            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
         elif replies_of[i]:
             turn.proposal = _screen(inputs, messages_of[i], replies_of[i], edit_format)
         if turn.changed:

@@ -149,20 +149,32 @@ def apply(module_text: str, messages: list[ChatMessage], replies: Sequence[ChatR
     return Proposal(text=text, status="changed" if changed else "unchanged", dropped=screened.dropped, **base)
 
 
-def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings) -> Proposal:
-    """The `examples` edit: inputs the container cited with their answers for the failed
-    rows (`answer_examples`) other than the minibatch's own, the expected answers' before
-    the answer the policy gave, added to the module's examples section, whose oldest lines
-    go once it is full. Unchanged when the container cites nothing new; no proposer is called."""
+CitedPairs = Sequence[tuple[str, tuple[str, ...]]]
+
+
+def cited_pairs(results: Sequence[RolloutResult]) -> list[tuple[str, tuple[str, ...]]]:
+    """(answer, inputs) the container cited for the failed rows, the expected answers'
+    before the answers the policy gave."""
     expected: list[tuple[str, tuple[str, ...]]] = []
     given: list[tuple[str, tuple[str, ...]]] = []
     for result in results:
         if is_failure(result) and result.answer_examples:
             for answer, inputs in result.answer_examples.items():
                 (given if canon(answer) == canon(result.output) else expected).append((answer, inputs))
+    return expected + given
+
+
+def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings,
+                  earlier: CitedPairs = ()) -> Proposal:
+    """The `examples` edit: inputs the container cited with their answers for the failed
+    rows (`answer_examples`) other than the minibatch's own, then those of the run's
+    `earlier` failures while the edit has room, added to the module's examples section,
+    whose oldest lines go once it is full. Unchanged when the container cites nothing new;
+    no proposer is called."""
     # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
     own = {flat(str(r.inputs or "")) for r in results}
-    cited = [(answer, tuple(t for t in inputs if flat(t) not in own)) for answer, inputs in expected + given]
+    cited = [(answer, tuple(t for t in inputs if flat(t) not in own))
+             for answer, inputs in [*cited_pairs(results), *earlier]]
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
     new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
@@ -171,6 +183,25 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
         return Proposal(text=module_text, status="unchanged", **base)
     kept = [*have, *new][-settings.max_example_lines:]
     return Proposal(text=module.with_lines("examples", kept).render(), status="changed", **base)
+
+
+class CitationMemory:
+    """The inputs the container cited for the run's earlier minibatch failures, newest
+    first: an `examples` edit with room left after its own minibatch's citations takes
+    them too, so an accepted child carries more of what the run has learned than four rows
+    can show. Rows the container cites are outside every pool, so none is a row a child
+    is judged on."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._pairs: list[tuple[str, tuple[str, ...]]] = []
+
+    def pairs(self) -> CitedPairs:
+        return tuple(self._pairs)
+
+    def remember(self, results: Sequence[RolloutResult]) -> None:
+        fresh = [p for p in cited_pairs(results) if p not in self._pairs]
+        self._pairs = (fresh + self._pairs)[:self.capacity]
 
 
 def _cited(shown: Sequence[RolloutResult]) -> dict[str, list[str]]:
