@@ -12,15 +12,19 @@ from harness.client import ContainerClient
 from harness.contract import RolloutRequest
 from harness.errors import HarnessError, Unreachable
 
+# Start the container again: True when a new process was started, False when the one there
+# turned out to answer (busy rather than dead, or already restarted for another run).
+RestartHook = Callable[[], Awaitable[bool]]
+
 
 class ContainerKeeper:
-    def __init__(self, client: ContainerClient, name: str, restart: Callable[[], Awaitable[None]] | None,
+    def __init__(self, client: ContainerClient, name: str, restart: RestartHook | None,
                  event: Callable[..., None]):
         self.client = client
         self.name = name
         self._restart = restart  # None: attached by url, not started by the harness
         self._event = event
-        self.restarts = 0  # asked for by this run
+        self.restarts = 0  # asked for by this run (the restarter may find the container answering)
         self.lost: str | None = None  # why the container is gone for good
         self._generation = 0
         self._lock = asyncio.Lock()
@@ -36,12 +40,19 @@ class ContainerKeeper:
                 raise
         return await self.client.rollout(request, answers)
 
-    def restarted_before_start(self, error: str) -> None:
-        """Preflight found the container dead and had it restarted: recorded as this run's restart."""
+    def restarted_before_start(self, error: str, restarted: bool) -> None:
+        """Preflight found the container not answering and asked for a restart: recorded as this run's."""
         self.restarts += 1
-        self._event("container_restart", f"container {self.name} did not answer preflight; restarting it",
+        self._event("container_restart", f"container {self.name} did not answer preflight; asking for a restart",
                     error=error)
-        self._event("container_restarted", f"container {self.name} answers again")
+        self._answers_again(restarted)
+
+    def _answers_again(self, restarted: bool) -> None:
+        if restarted:
+            self._event("container_restarted", f"container {self.name} answers again")
+        else:
+            self._event("container_answering", f"container {self.name} answers: not restarted (it was busy, "
+                                               "or another run's request had restarted it)")
 
     async def _revive(self, generation: int, error: str) -> bool:
         """True when the container answers again (restarted by this call or by a concurrent
@@ -57,13 +68,14 @@ class ContainerKeeper:
                              f"by url, not started by the harness: start it again, then rerun): {error}")
             else:
                 self.restarts += 1
-                self._event("container_restart", f"container {name} stopped answering; restarting it", error=error)
+                self._event("container_restart", f"container {name} stopped answering; asking for a restart",
+                            error=error)
                 try:
-                    await self._restart()
+                    restarted = await self._restart()
                 except HarnessError as exc:
                     self.lost = f"container {name} stopped answering and the restart failed: {exc}"
                 else:
                     self._generation += 1
-                    self._event("container_restarted", f"container {name} answers again")
+                    self._answers_again(restarted)
                     return True
             return False

@@ -10,13 +10,13 @@ import json
 import random
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness.budget import Budget, BudgetExhausted, RunFailed, StopReason
 from harness.candidates import Candidate, RolloutResult
 from harness.client import ContainerClient
 from harness.contract import PolicyBlock, ProgramResponse, RolloutRequest
-from harness.container_keeper import ContainerKeeper
+from harness.container_keeper import ContainerKeeper, RestartHook
 from harness.errors import ServiceError
 from harness.evidence.recorder import Recorder
 from harness.llm import ChatClient, ChatMessage, ChatResult
@@ -43,7 +43,7 @@ class RunContext:
         rows: dict[str, dict[str, Any]] | None = None,
         observer: Callable[[Progress], None] | None = None,
         max_error_rate: float = 0.5,
-        restart_container: Callable[[], Awaitable[None]] | None = None,
+        restart_container: RestartHook | None = None,
         gateway: "GatewaySession | None" = None,
         pools: Pools | None = None,
     ):
@@ -291,9 +291,9 @@ class RunContext:
                              task=row, inputs=outcome.inputs, feedback_source=outcome.feedback_source,
                              answer_examples=outcome.answer_examples)
 
-    def restarted_before_start(self, error: str) -> None:
-        """Preflight found the container dead and restarted it: that was this run's restart."""
-        self.container.restarted_before_start(error)
+    def restarted_before_start(self, error: str, restarted: bool) -> None:
+        """Preflight found the container not answering and asked for a restart: this run's."""
+        self.container.restarted_before_start(error, restarted)
 
     def _account(self, stage: str, status: str, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
         usage = self.usage

@@ -17,6 +17,7 @@ from algorithms.registry import build_optimizer
 from harness.candidates import Candidate, mean_reward
 from harness.checkpoint import CheckpointStore, RunCheckpoint, merge_gateway_summaries
 from harness.client import ContainerClient, Gate
+from harness.container_keeper import RestartHook
 from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
 from harness.errors import HarnessError, PreflightError, Unreachable, hide_capabilities
@@ -157,7 +158,7 @@ async def execute_run(
     max_error_rate: float = 0.5,
     rollout_gate: Gate | None = None,
     proposer_gate: Gate | None = None,
-    restart_container: Callable[[], Awaitable[None]] | None = None,
+    restart_container: RestartHook | None = None,
     force: bool = False,
 ) -> RunOutcome:
     """Run one spec to completion and write its evidence. Bad input raises before any
@@ -204,7 +205,7 @@ async def execute_run(
         else:
             ctx.event("start", f"run {spec.run_id} on {spec.container.name}", algorithm=spec.algorithm.name)
         if restarted_for is not None:
-            ctx.restarted_before_start(restarted_for)
+            ctx.restarted_before_start(*restarted_for)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
         heap.hold()  # from here the run's own allocations are what the collector walks
         t_opt = time.monotonic()
@@ -293,21 +294,22 @@ def proposal_counts(proposals: list[dict[str, Any]]) -> dict[str, int]:
             "proposals_accepted": sum(bool(p["accepted"]) for p in proposals)}
 
 
-async def _preflight(client: ContainerClient, spec: RunSpec, restart: Callable[[], Awaitable[None]] | None,
-                     ) -> tuple[PreflightResult, str | None]:
+async def _preflight(client: ContainerClient, spec: RunSpec, restart: RestartHook | None,
+                     ) -> tuple[PreflightResult, tuple[str, bool] | None]:
     """Preflight. A container that refuses the connection (its process died since it was
     started, e.g. while another run of the sweep used it) is restarted through the hook and
-    checked again; returns the result and the error that called for the restart, if any."""
+    checked again; returns the result and, if the hook was called, the error that called for
+    it and whether a new process was started."""
     try:
         return await preflight(client, spec, spec.container.target_modules), None
     except PreflightError as exc:
         if restart is None or not isinstance(exc.__cause__, Unreachable):
             raise
         try:
-            await restart()
+            restarted = await restart()
         except HarnessError as failed:
             raise PreflightError(f"{exc}; restarting it failed: {failed}") from failed
-        return await preflight(client, spec, spec.container.target_modules), str(exc)
+        return await preflight(client, spec, spec.container.target_modules), (str(exc), restarted)
 
 
 def _gateway_session(spec: RunSpec, endpoints: Endpoints) -> GatewaySession | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.container_keeper import RestartHook
 from harness.errors import ConfigError, PreflightError
 from harness.gateway.models import GatewaySettings
 from harness.gateway.service import GatewayService
@@ -191,16 +191,16 @@ class Services:
         """Restarts so far, per container url."""
         return dict(self._restarts)
 
-    def restarter(self, url: str) -> Callable[[], Awaitable[None]] | None:
+    def restarter(self, url: str) -> RestartHook | None:
         """The hook a run in this process calls when its container stops answering; None
         for a container attached by url, which the harness cannot start again."""
         if not any(p is not None and u == url for p, u in self._containers.values()):
             return None
 
-        async def restart() -> None:
+        async def restart() -> bool:
             # on this thread, not a worker thread: a child's parent-death signal fires when the
             # thread that started it exits, and the executor's threads end with the event loop
-            self.revive(url)
+            return self.revive(url)
 
         return restart
 

@@ -30,6 +30,7 @@ from fastapi import HTTPException
 
 from benchmarks.containers.chaos import FAULT_KINDS, Chaos, FaultPlan
 from benchmarks.containers.kit import RolloutEnv
+from client_calls import call, request_for
 from conftest import execute, run_cli
 from faults import (
     chaos_spec,
@@ -41,6 +42,7 @@ from faults import (
 from harness.http_pool import SharedSession
 from harness.contract import PolicyBlock, RolloutRequest, RolloutResponse
 from harness.run_state import Progress
+from harness.retry import RetryPolicy
 from harness.services import Services
 
 pytestmark = pytest.mark.timeout(300)
@@ -276,23 +278,28 @@ def test_a_container_killed_mid_run_is_restarted_and_the_run_finishes(data_dir, 
     assert kinds.count("container_restart") == kinds.count("container_restarted") == len(kills)
 
 
+def kill_until_refused(url: str) -> None:
+    """SIGKILL the chaos process at `url` and wait until nothing listens there (a reset
+    while the socket closes is not that yet)."""
+    os.kill(stats(url)["pid"], signal.SIGKILL)
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+        except httpx.ConnectError:
+            return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    pytest.fail("the killed container still answers")
+
+
 def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, scripted_policy) -> None:
     """The process died between runs (e.g. under another run of a sweep): this run's
     preflight finds nothing listening, restarts it, and the run goes ahead."""
     with Services(tmp_path / "logs") as services:
         spec_c = chaos_spec(data_dir)
         url = services.container_url(spec_c)
-        os.kill(stats(url)["pid"], signal.SIGKILL)
-        for _ in range(100):  # until nothing listens: a reset while the socket closes is not that yet
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-            except httpx.ConnectError:
-                break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        else:
-            pytest.fail("the killed container still answers")
+        kill_until_refused(url)
         outcome = execute(small_spec(spec_c, tmp_path, budget=20), url, scripted_policy.base_url,
                          restart_container=services.restarter(url))
         assert services.restarts() == {url: 1}
@@ -301,6 +308,40 @@ def test_a_container_found_dead_at_preflight_is_restarted(data_dir, tmp_path, sc
     kinds = [e["kind"] for e in ev["events"]]
     assert kinds[:3] == ["start", "container_restart", "container_restarted"]
     assert "GET /health failed (transient): ConnectError" in json.loads(ev["events"][1]["data_json"])["error"]
+
+
+def test_of_two_runs_that_found_it_dead_one_restarts_it_and_the_other_records_no_restart(
+        data_dir, tmp_path, scripted_policy) -> None:
+    """Two runs sharing a container both find it dead: the first one's request restarts it;
+    the second's finds it answering, and its evidence says so instead of a restart."""
+    from harness.client import ContainerClient
+    from harness.container_keeper import ContainerKeeper
+
+    with Services(tmp_path / "logs") as services:
+        url = services.container_url(chaos_spec(data_dir))
+        task = call(url, lambda c: c.tasks("train", ["train:0"]))[0].model_dump()
+        seed = call(url, lambda c: c.program()).seed_candidate
+        kill_until_refused(url)
+
+        async def both() -> list[list[str]]:
+            events: list[list[str]] = [[], []]
+            # one attempt each: both are refused before either asks for the restart (with
+            # retries, the second would only find the restarted container answering)
+            clients = [ContainerClient(url, retry=RetryPolicy(attempts=1)) for _ in events]
+            keepers = [ContainerKeeper(client, "chaos", services.restarter(url),
+                                       lambda kind, message, log=log, **data: log.append(kind))
+                       for client, log in zip(clients, events)]
+            try:
+                answers = await asyncio.gather(*(keeper.send(request_for(f"r{i}", seed, task, scripted_policy.base_url),
+                                                             []) for i, keeper in enumerate(keepers)))
+            finally:
+                await asyncio.gather(*(client.aclose() for client in clients))
+            assert [a.status for a in answers] == ["ok", "ok"]
+            return events
+
+        events = asyncio.run(both())
+        assert services.restarts() == {url: 1}
+    assert sorted(events) == [["container_restart", "container_answering"], ["container_restart", "container_restarted"]]
 
 
 @pytest.mark.parametrize("silent_s", [3.0, None], ids=["busy", "hung"])
@@ -317,10 +358,11 @@ def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tm
         if wake:
             wake.start()
         try:
-            services.revive(url)
+            restarted = services.revive(url)
         finally:
             if wake:
                 wake.join()
+        assert restarted is (silent_s is None)
         if silent_s:
             assert services.restarts() == {} and stats(url)["pid"] == pid
         else:

@@ -105,13 +105,13 @@ class NodeServices:
             error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
             return Started(error=f"on node {self._place.label}: {error}").model_dump_json()
 
-    def revive(self, url: str) -> str | None:
-        """Restart this node's container at `url` if it died; the error, if it cannot."""
+    def revive(self, url: str) -> tuple[bool, str | None]:
+        """Restart this node's container at `url` if it died: whether a new process was
+        started, and the error if it cannot be."""
         try:
-            self._services.revive(url)
+            return self._services.revive(url), None
         except HarnessError as exc:
-            return str(exc)
-        return None
+            return False, str(exc)
 
     def close(self) -> None:
         self._services.close()

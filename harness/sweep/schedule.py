@@ -231,16 +231,17 @@ def _serve_restarts(board: Any, revive: Callable[[str], bool] | None, console: C
     import ray
 
     for url, ticket in ray.get(board.take_restarts.remote()):
-        error = None
+        error, restarted = None, False
         if revive is None:
             error = f"container at {url} stopped answering; this sweep cannot restart containers"
         else:
             try:
-                if revive(url):
+                restarted = revive(url)
+                if restarted:
                     console.print(f"restarted the container at {url}: it had stopped answering", highlight=False)
             except Exception as exc:  # noqa: BLE001 - the runs that asked fail with it; the sweep goes on
                 error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
-        board.restart_done.remote(url, ticket, error)
+        board.restart_done.remote(url, ticket, error, restarted)
 
 
 def _ray_error(exc: Exception) -> str:

@@ -10,12 +10,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from harness.container_keeper import RestartHook
 from harness.context import Progress
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
@@ -38,7 +38,8 @@ class SweepBoard:
         self._running: set[str] = set()
         # container restarts asked for by runs, done by the driver (it owns the processes)
         self._restart_asked: dict[str, int] = {}  # url -> last ticket handed out
-        self._restart_done: dict[str, tuple[int, str | None]] = {}  # url -> (last ticket served, error)
+        # url -> (last ticket served, error, whether a new process was started)
+        self._restart_done: dict[str, tuple[int, str | None, bool]] = {}
 
     def started(self, run_id: str) -> None:
         self._running.add(run_id)
@@ -58,29 +59,30 @@ class SweepBoard:
     def take_restarts(self) -> list[tuple[str, int]]:
         """(url, newest ticket) of every container with an unserved request (for the driver)."""
         return [(url, ticket) for url, ticket in self._restart_asked.items()
-                if ticket > self._restart_done.get(url, (0, None))[0]]
+                if ticket > self._restart_done.get(url, (0, None, False))[0]]
 
-    def restart_done(self, url: str, ticket: int, error: str | None) -> None:
-        self._restart_done[url] = (ticket, error)
+    def restart_done(self, url: str, ticket: int, error: str | None, restarted: bool) -> None:
+        self._restart_done[url] = (ticket, error, restarted)
 
-    def restart_status(self, url: str, ticket: int) -> tuple[bool, str | None]:
-        served, error = self._restart_done.get(url, (0, None))
-        return (True, error) if served >= ticket else (False, None)
+    def restart_status(self, url: str, ticket: int) -> tuple[bool, str | None, bool]:
+        """(served, error, whether a new process was started) for the request holding `ticket`."""
+        served, error, restarted = self._restart_done.get(url, (0, None, False))
+        return (True, error, restarted) if served >= ticket else (False, None, False)
 
     def snapshot(self) -> dict[str, Any]:
         return {"running": len(self._running), "rollouts": sum(self._rollouts.values()),
                 "tokens": sum(self._tokens.values())}
 
 
-def board_restarter(board: Any, url: str, timeout_s: float) -> Callable[[], Awaitable[None]]:
+def board_restarter(board: Any, url: str, timeout_s: float) -> RestartHook:
     """The restart hook of a run on a worker: ask the driver, through the board, to start
     the container at `url` again, and wait for the answer."""
 
-    async def restart() -> None:
+    async def restart() -> bool:
         ticket = await board.request_restart.remote(url)
         deadline = time.monotonic() + timeout_s
         while True:
-            done, error = await board.restart_status.remote(url, ticket)
+            done, error, restarted = await board.restart_status.remote(url, ticket)
             if done:
                 break
             if time.monotonic() > deadline:
@@ -88,17 +90,19 @@ def board_restarter(board: Any, url: str, timeout_s: float) -> Callable[[], Awai
             await asyncio.sleep(0.25)
         if error:
             raise HarnessError(error)
+        return restarted
 
     return restart
 
 
-def node_restarter(node_services: Any, url: str) -> Callable[[], Awaitable[None]]:
+def node_restarter(node_services: Any, url: str) -> RestartHook:
     """The restart hook of a run on a cluster: its node's service set owns the container."""
 
-    async def restart() -> None:
-        error = await node_services.revive.remote(url)
+    async def restart() -> bool:
+        restarted, error = await node_services.revive.remote(url)
         if error:
             raise HarnessError(error)
+        return restarted
 
     return restart
 
