@@ -83,6 +83,16 @@ def process_tree(root: int) -> set[int]:
     return below
 
 
+# the processes a harness starts beside its own, by a marker of their command line
+SERVICE_ROLES = (("container", b"benchmarks.containers"), ("gateway", b"harness.gateway"),
+                 ("model", b"harness.scripted_server"))
+
+
+def service_role(cmdline: bytes) -> str | None:
+    """`container`, `gateway` or `model` for a service process's command line, else None."""
+    return next((role for role, marker in SERVICE_ROLES if marker in cmdline), None)
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -49,7 +49,7 @@ import httpx
 import polars as pl
 import uvloop
 
-from benchmarks.perf.common import default_data_dir, median, process_cpu_s, process_tree, write_results
+from benchmarks.perf.common import default_data_dir, median, process_cpu_s, process_tree, service_role, write_results
 from harness.client import ContainerClient
 from harness.context import OPTIMIZATION_STAGES
 from harness.contract import PolicyBlock, RolloutRequest
@@ -155,18 +155,14 @@ async def raw_aiohttp_loop(container_url: str, bodies: list[dict[str, Any]], con
         return len(bodies) / (time.perf_counter() - started)
 
 
-PROCESS_ROLES = {"benchmarks.containers": "container", "harness.gateway": "gateway", "scripted_server": "model"}
-
-
 def service_pids() -> dict[str, list[int]]:
     """This process's descendants (the Services' processes) by role, from their command lines."""
     roles: dict[str, list[int]] = {}
     for pid in process_tree(os.getpid()) - {os.getpid()}:
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            role = service_role(Path(f"/proc/{pid}/cmdline").read_bytes())
         except OSError:
             continue
-        role = next((r for marker, r in PROCESS_ROLES.items() if marker in command), None)
         if role is not None:
             roles.setdefault(role, []).append(pid)
     return roles

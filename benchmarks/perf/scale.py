@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.perf.common import process_cpu_s, process_tree, write_results  # noqa: E402
+from benchmarks.perf.common import SERVICE_ROLES, process_cpu_s, process_tree, write_results  # noqa: E402
 
 NAME = "scale"
 POOLS = ["pools.train.count=12", "pools.pareto.count=4", "pools.heldout.count=4"]
@@ -76,9 +76,7 @@ def _kib(pid: int, field: str) -> int | None:
 # Where a sweep's CPU goes, by process: the first pattern found in a process's command line
 # names its part; the harness's own cost is the driver's and its actors'.
 PARTS = (("run_actors", b"ray::RunWorker"), ("harness_actors", b"ray::SweepBoard"),
-         ("harness_actors", b"ray::EndpointLimiter"), ("harness_actors", b"ray::NodeServices"),
-         ("container", b"benchmarks.containers"), ("gateway", b"harness.gateway"),
-         ("model", b"harness.scripted_server"))
+         ("harness_actors", b"ray::EndpointLimiter"), ("harness_actors", b"ray::NodeServices"), *SERVICE_ROLES)
 HARNESS_PARTS = ("driver", "run_actors", "harness_actors")
 
 
