@@ -88,7 +88,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
     for edit_format in plan:
         turn.edit_format = edit_format
         if edit_format == "examples":  # the container's citations: no proposer call
-            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
+            turn.proposal = _cite(inputs)
             if turn.changed:
                 break
             continue
@@ -115,7 +115,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
 async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
                   scopes: list[str]) -> Turn:
     if plan[0] == "examples":  # free: when the citations change the module, nothing is asked
-        cited = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
+        cited = _cite(inputs)
         if cited.status == "changed":
             return Turn(edit_format="examples", proposal=cited)
     asked = [(i, request(inputs.current, inputs.results, f, inputs.task_info, inputs.settings))
@@ -139,12 +139,16 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
     for i, edit_format in enumerate(plan):
         turn.edit_format = edit_format
         if edit_format == "examples":
-            turn.proposal = cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
+            turn.proposal = _cite(inputs)
         elif replies_of[i]:
             turn.proposal = _screen(inputs, messages_of[i], replies_of[i], edit_format)
         if turn.changed:
             break
     return turn
+
+
+def _cite(inputs: TurnInputs) -> Proposal:
+    return cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier)
 
 
 def _screen(inputs: TurnInputs, messages: list[ChatMessage], replies: list[ChatResult], edit_format: str) -> Proposal:
