@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+from pydantic import BaseModel, ConfigDict
+
 from harness.client import ContainerClient
 from harness.contract import RolloutRequest
 from harness.errors import HarnessError, Unreachable
@@ -15,6 +17,30 @@ from harness.errors import HarnessError, Unreachable
 # Start the container again: True when a new process was started, False when the one there
 # turned out to answer (busy rather than dead, or already restarted for another run).
 RestartHook = Callable[[], Awaitable[bool]]
+
+
+class RestartOutcome(BaseModel):
+    """What the owner of a container did about a run's request to restart it, as it travels
+    back to the run from another process (the sweep driver, a node's service set)."""
+
+    model_config = ConfigDict(frozen=True)
+    restarted: bool = False  # a new process was started (False: the one there answered)
+    error: str | None = None  # why it could not be restarted
+
+    @classmethod
+    def of(cls, revive: Callable[[str], bool], url: str) -> "RestartOutcome":
+        """`revive(url)`, any failure as the error: the runs that asked fail with it, the
+        sweep goes on."""
+        try:
+            return cls(restarted=revive(url))
+        except Exception as exc:  # noqa: BLE001
+            return cls(error=str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}")
+
+    def restarted_or_raise(self) -> bool:
+        """The hook's answer: whether a new process was started; a HarnessError if none could be."""
+        if self.error:
+            raise HarnessError(self.error)
+        return self.restarted
 
 
 class ContainerKeeper:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.container_keeper import RestartHook
+from harness.container_keeper import RestartHook, RestartOutcome
 from harness.errors import ConfigError, PreflightError
 from harness.gateway.models import GatewaySettings
 from harness.gateway.service import GatewayService
@@ -200,7 +200,7 @@ class Services:
         async def restart() -> bool:
             # on this thread, not a worker thread: a child's parent-death signal fires when the
             # thread that started it exits, and the executor's threads end with the event loop
-            return self.revive(url)
+            return RestartOutcome.of(self.revive, url).restarted_or_raise()
 
         return restart
 

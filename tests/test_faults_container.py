@@ -39,6 +39,8 @@ from faults import (
     injected_faults,
     small_spec,
 )
+from harness.container_keeper import RestartOutcome
+from harness.errors import HarnessError, PreflightError
 from harness.http_pool import SharedSession
 from harness.contract import PolicyBlock, RolloutRequest, RolloutResponse
 from harness.run_state import Progress
@@ -401,6 +403,29 @@ def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tm
     assert ev["manifest"]["status"] == "failed" and ev["manifest"]["error"] == expected
     failed = [r for r in ev["rollouts"] if r["status"] != "ok"]
     assert failed and all("ConnectError" in r["error"] for r in failed)
+
+
+def _refuse(url: str) -> bool:
+    raise PreflightError(f"container at {url} is attached, not started by the harness")
+
+
+def _crash(url: str) -> bool:
+    raise OSError(f"cannot start {url}")
+
+
+def test_a_restart_outcome_carries_any_failure_of_the_restart_to_the_run_as_its_error() -> None:
+    """However the owner of the container fails to restart it (a refusal or a crash), the
+    outcome that travels back to the run names the cause, and the run's hook raises it as a
+    HarnessError (the container is then lost, the run fails cleanly)."""
+    cases = {_refuse: "container at u is attached, not started by the harness", _crash: "OSError: cannot start u"}
+    for revive, error in cases.items():
+        outcome = RestartOutcome.model_validate_json(RestartOutcome.of(revive, "u").model_dump_json())
+        assert outcome == RestartOutcome(restarted=False, error=error)
+        with pytest.raises(HarnessError) as raised:
+            outcome.restarted_or_raise()
+        assert str(raised.value) == error
+    assert RestartOutcome.of(lambda url: True, "u").restarted_or_raise() is True
+    assert RestartOutcome.of(lambda url: False, "u").restarted_or_raise() is False
 
 
 def test_the_cli_restarts_a_container_that_dies(tmp_path, data_dir) -> None:

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import ray
 from pydantic import BaseModel, ConfigDict
 
+from harness.container_keeper import RestartOutcome
 from harness.errors import ConfigError, HarnessError
 from harness.gateway.models import GatewaySettings, LimitSettings
 from harness.services import Endpoints, LocalServerOptions, NodePlace, Services
@@ -105,13 +106,9 @@ class NodeServices:
             error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
             return Started(error=f"on node {self._place.label}: {error}").model_dump_json()
 
-    def revive(self, url: str) -> tuple[bool, str | None]:
-        """Restart this node's container at `url` if it died: whether a new process was
-        started, and the error if it cannot be."""
-        try:
-            return self._services.revive(url), None
-        except HarnessError as exc:
-            return False, str(exc)
+    def revive(self, url: str) -> str:
+        """Restart this node's container at `url` if it died: a RestartOutcome (JSON)."""
+        return RestartOutcome.of(self._services.revive, url).model_dump_json()
 
     def close(self) -> None:
         self._services.close()

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from harness.config import HarnessConfig
 from harness.console import SweepStatus
+from harness.container_keeper import RestartOutcome
 from harness.errors import HarnessError
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
@@ -231,17 +232,13 @@ def _serve_restarts(board: Any, revive: Callable[[str], bool] | None, console: C
     import ray
 
     for url, ticket in ray.get(board.take_restarts.remote()):
-        error, restarted = None, False
         if revive is None:
-            error = f"container at {url} stopped answering; this sweep cannot restart containers"
+            outcome = RestartOutcome(error=f"container at {url} stopped answering; this sweep cannot restart containers")
         else:
-            try:
-                restarted = revive(url)
-                if restarted:
-                    console.print(f"restarted the container at {url}: it had stopped answering", highlight=False)
-            except Exception as exc:  # noqa: BLE001 - the runs that asked fail with it; the sweep goes on
-                error = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
-        board.restart_done.remote(url, ticket, error, restarted)
+            outcome = RestartOutcome.of(revive, url)
+            if outcome.restarted:
+                console.print(f"restarted the container at {url}: it had stopped answering", highlight=False)
+        board.restart_done.remote(url, ticket, outcome.model_dump_json())
 
 
 def _ray_error(exc: Exception) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from harness.container_keeper import RestartHook
+from harness.container_keeper import RestartHook, RestartOutcome
 from harness.context import Progress
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
@@ -38,8 +38,8 @@ class SweepBoard:
         self._running: set[str] = set()
         # container restarts asked for by runs, done by the driver (it owns the processes)
         self._restart_asked: dict[str, int] = {}  # url -> last ticket handed out
-        # url -> (last ticket served, error, whether a new process was started)
-        self._restart_done: dict[str, tuple[int, str | None, bool]] = {}
+        # url -> (last ticket served, RestartOutcome JSON)
+        self._restart_done: dict[str, tuple[int, str]] = {}
 
     def started(self, run_id: str) -> None:
         self._running.add(run_id)
@@ -58,16 +58,17 @@ class SweepBoard:
 
     def take_restarts(self) -> list[tuple[str, int]]:
         """(url, newest ticket) of every container with an unserved request (for the driver)."""
-        return [(url, ticket) for url, ticket in self._restart_asked.items()
-                if ticket > self._restart_done.get(url, (0, None, False))[0]]
+        return [(url, ticket) for url, ticket in self._restart_asked.items() if ticket > self._served(url)]
 
-    def restart_done(self, url: str, ticket: int, error: str | None, restarted: bool) -> None:
-        self._restart_done[url] = (ticket, error, restarted)
+    def restart_done(self, url: str, ticket: int, outcome_json: str) -> None:
+        self._restart_done[url] = (ticket, outcome_json)
 
-    def restart_status(self, url: str, ticket: int) -> tuple[bool, str | None, bool]:
-        """(served, error, whether a new process was started) for the request holding `ticket`."""
-        served, error, restarted = self._restart_done.get(url, (0, None, False))
-        return (True, error, restarted) if served >= ticket else (False, None, False)
+    def restart_status(self, url: str, ticket: int) -> str | None:
+        """The RestartOutcome (JSON) of the request holding `ticket`; None until it is served."""
+        return self._restart_done[url][1] if self._served(url) >= ticket else None
+
+    def _served(self, url: str) -> int:
+        return self._restart_done[url][0] if url in self._restart_done else 0
 
     def snapshot(self) -> dict[str, Any]:
         return {"running": len(self._running), "rollouts": sum(self._rollouts.values()),
@@ -81,16 +82,11 @@ def board_restarter(board: Any, url: str, timeout_s: float) -> RestartHook:
     async def restart() -> bool:
         ticket = await board.request_restart.remote(url)
         deadline = time.monotonic() + timeout_s
-        while True:
-            done, error, restarted = await board.restart_status.remote(url, ticket)
-            if done:
-                break
+        while (outcome := await board.restart_status.remote(url, ticket)) is None:
             if time.monotonic() > deadline:
                 raise HarnessError(f"the sweep driver did not restart {url} within {timeout_s:.0f}s")
             await asyncio.sleep(0.25)
-        if error:
-            raise HarnessError(error)
-        return restarted
+        return RestartOutcome.model_validate_json(outcome).restarted_or_raise()
 
     return restart
 
@@ -99,10 +95,7 @@ def node_restarter(node_services: Any, url: str) -> RestartHook:
     """The restart hook of a run on a cluster: its node's service set owns the container."""
 
     async def restart() -> bool:
-        restarted, error = await node_services.revive.remote(url)
-        if error:
-            raise HarnessError(error)
-        return restarted
+        return RestartOutcome.model_validate_json(await node_services.revive.remote(url)).restarted_or_raise()
 
     return restart
 
