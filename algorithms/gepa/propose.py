@@ -114,6 +114,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
 
 async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
                   scopes: list[str]) -> Turn:
+    cited: Proposal | None = None  # the examples edit, computed at most once a turn
     if plan[0] == "examples":  # free: when the citations change the module, nothing is asked
         cited = _cite(inputs)
         if cited.status == "changed":
@@ -139,7 +140,7 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
     for i, edit_format in enumerate(plan):
         turn.edit_format = edit_format
         if edit_format == "examples":
-            turn.proposal = _cite(inputs)
+            turn.proposal = cited if cited is not None else _cite(inputs)
         elif replies_of[i]:
             turn.proposal = _screen(inputs, messages_of[i], replies_of[i], edit_format)
         if turn.changed:
