@@ -20,6 +20,7 @@ from harness.client import ContainerClient
 from harness.contract import (
     CONTRACT_VERSION,
     PROGRAM_VERSION,
+    Usage,
 )
 from harness.errors import (
     ContractViolation,
@@ -122,13 +123,15 @@ def test_missing_or_wrong_field_names_route_and_field(fake: tuple[FakeContainer,
 
 
 def test_published_shapes_are_accepted(fake: tuple[FakeContainer, str]) -> None:
-    """Object target modules, a foreign /health, no rollout_id echo, null token counts."""
+    """Object target modules, a foreign /health, no rollout_id echo, null token counts, a null
+    usage block."""
     server, url = fake
     server.plans["/health"] = [ok({"status": "healthy", "contract_version": "2026-05-28"})]
     server.plans["/program"] = [ok({**PROGRAM, "target_modules": [
         {"module_id": "system", "candidate_field": "system", "objective": "accuracy"}]})]
     server.plans["/rollout"] = [ok({"status": "completed", "reward_info": {"outcome_reward": 0.5},
-                                    "usage": {"prompt_tokens": None, "completion_tokens": None}})]
+                                    "usage": {"prompt_tokens": None, "completion_tokens": None}}),
+                                ok({"status": "ok", "reward_info": {"outcome_reward": 1.0}, "usage": None})]
     assert call(url, lambda c: c.health()).healthy
     program = call(url, lambda c: c.program())
     assert program.target_modules == ["system"] and program.target_specs[0].objective == "accuracy"
@@ -136,6 +139,7 @@ def test_published_shapes_are_accepted(fake: tuple[FakeContainer, str]) -> None:
     response = rollout_of(url, "r-no-echo")
     assert response.rollout_id == "r-no-echo" and response.status_ok and response.resolved_reward() == 0.5
     assert response.usage.prompt_tokens == 0
+    assert rollout_of(url, "r-null-usage").usage == Usage()
 
 
 @pytest.mark.parametrize("fields, source, text", [
