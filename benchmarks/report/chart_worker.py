@@ -107,6 +107,10 @@ def main() -> None:
     frames, out_dir, names = pickle.loads(payload)
     answer.write(pickle.dumps([str(path) for path in draw(frames, Path(out_dir), names)]))
     answer.flush()
+    sys.stderr.flush()
+    # the report waits for this process to end: the interpreter's teardown with polars and
+    # matplotlib loaded (0.15 s) would be on its critical path, and has nothing left to save
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -207,9 +207,10 @@ def build_charts(frames: ReportFrames, names: Sequence[str] | None = None) -> di
     return {name: builders[name]() for name in frames.charts.drawn if names is None or name in names}
 
 
-# Relative drawing time of each chart (build and save, 20 cells): what split_charts balances.
-DRAW_COST = {"trace": 3.0, "coverage": 3.0, "best_vs_rollouts": 2.5, "best_vs_cost_usd": 2.5,
-             "same_container": 2.0, "proposer_scaling": 1.0}
+# Relative drawing time of each chart (build and save, 20 cells; median CPU of rounds 2 to 4
+# of four in one process): what split_charts balances.
+DRAW_COST = {"trace": 3.0, "coverage": 3.0, "best_vs_rollouts": 2.2, "best_vs_cost_usd": 2.2,
+             "same_container": 1.9, "proposer_scaling": 1.0}
 
 
 def split_charts(names: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -103,14 +103,14 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     try:
         frames = compute_report(sweep_dir, options)
         out_dir = Path(out) if out else Path(sweep_dir) / "report"
+        if charts:
+            loader.join()
+            mine = _send_share(frames, out_dir, worker)  # the worker draws while the tables are written
         written = _write_tables(frames, out_dir, {
             "k": k, "threshold": threshold, "task_thresholds": dict(options.task_thresholds),
             "ci": f"percentile bootstrap over runs, {options.level:.0%}, {resamples} resamples, seed {ci_seed}",
             "axes": frames.axes})
-        chart_paths: list[Path] = []
-        if charts:
-            loader.join()
-            chart_paths = _draw_charts(frames, out_dir, worker)
+        chart_paths = _draw_charts(frames, out_dir, mine, worker) if charts else []
     finally:
         if worker is not None:
             worker.close()
@@ -134,15 +134,25 @@ def _write_tables(frames: ReportFrames, out_dir: Path, params: dict[str, object]
     return written
 
 
-def _draw_charts(frames: ReportFrames, out_dir: Path, worker: ChartWorker | None) -> list[Path]:
-    """The plan's charts, in its order; with a worker, its share drawn there meanwhile."""
-    from benchmarks.report.charts import draw, remove_stale_charts, split_charts
+def _send_share(frames: ReportFrames, out_dir: Path, worker: ChartWorker | None) -> tuple[str, ...]:
+    """Hand the worker its share of the plan's charts (none without a worker); the rest, this
+    process's share, is returned."""
+    from benchmarks.report.charts import remove_stale_charts, split_charts
 
     remove_stale_charts(frames, out_dir)
     drawn = frames.charts.drawn
-    mine, theirs = split_charts(drawn) if worker is not None else (drawn, ())
+    mine, theirs = split_charts(drawn) if worker is not None else (tuple(drawn), ())
     if theirs:
         worker.send(frames, out_dir, theirs)  # type: ignore[union-attr]
+    return mine
+
+
+def _draw_charts(frames: ReportFrames, out_dir: Path, mine: tuple[str, ...], worker: ChartWorker | None) -> list[Path]:
+    """This process's share of the charts, then the worker's paths; in the plan's order."""
+    from benchmarks.report.charts import draw
+
+    drawn = frames.charts.drawn
+    theirs = len(mine) < len(drawn)
     paths = draw(frames, out_dir, mine) + (worker.paths() if theirs else [])  # type: ignore[union-attr]
     order = {name: i for i, name in enumerate(drawn)}
     return sorted(paths, key=lambda p: (order[p.stem], p.suffix != ".png"))
