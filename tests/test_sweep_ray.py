@@ -231,6 +231,22 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert {r["status"] for r in index_rows(sweep_dir)} == {"skipped"}
     assert sorted(r["run_id"] for r in index_rows(sweep_dir)) == sorted(grid_ids)
 
+    # another seed with another budget: the sweep's report keeps the four earlier runs, and
+    # the two budgets of the banking77 cell are told apart, never pooled into one mean
+    more = run_sweep(evidence, data_dir, "sweep.containers=[banking77]", "sweep.seeds=[2]", "budget.max_rollouts=30")
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert "1 runs, 0 already done, 1 to run" in more.stdout
+    assert "its report also covers 4 run(s) earlier invocations left" in more.stdout
+    grid = {g["run_id"]: g for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    assert set(grid) > set(grid_ids) and len(grid) == 5
+    configs = {(g["container"], g["config"]) for g in grid.values()}
+    assert configs == {("heart_disease", "-"), ("banking77", "budget.max_rollouts=40"),
+                       ("banking77", "budget.max_rollouts=30")}
+    cells = pl.read_parquet(sweep_dir / "report" / "summary.parquet")
+    assert sorted(zip(cells["task"], cells["config"], cells["n_runs"])) == [
+        ("banking77", "budget.max_rollouts=30", 1), ("banking77", "budget.max_rollouts=40", 2),
+        ("heart_disease", "-", 2)]
+
 
 RESUME = ("sweep.containers=[banking77]", "sweep.seeds=[0,1,2,3,4,5]", "budget.max_rollouts=120")
 

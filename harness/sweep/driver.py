@@ -16,8 +16,10 @@ from rich.table import Table
 
 from harness.config import HarnessConfig
 from harness.errors import ConfigError, HarnessError
+from harness.evidence.configs import CONFIG_AXIS
 from harness.services import Services
 from harness.sweep.expand import SweepSpec
+from harness.sweep.grid import sweep_grid
 from harness.sweep.schedule import (
     PlannedRun, endpoint_limits, index_row, ray_address, run_on_cluster, schedule, start_services,
 )
@@ -69,9 +71,16 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     log_dir = store.log_dir
     thresholds = {r.spec.container.name: r.spec.container.solved_threshold for r in runs
                   if r.spec.container.solved_threshold is not None}
-    store.write_sweep({"sweep": sweep.model_dump(), "grid": [{"run_id": r.spec.run_id, **r.spec.axes} for r in runs],
+    earlier = store.earlier_runs({r.spec.run_id for r in runs})
+    grid = sweep_grid([r.spec for r in runs], earlier)
+    store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
                        "solved_thresholds": dict(sorted(thresholds.items()))})
+    if earlier:
+        told_apart = any(p.get(CONFIG_AXIS, "-") != "-" for p in grid)
+        console.print(f"sweep {sweep.name}: its report also covers {len(earlier)} run(s) earlier invocations left in "
+                      f"{store.dir}" + (", other configurations on a 'config' axis" if told_apart else ""),
+                      highlight=False, markup=False, soft_wrap=True)
     rows: dict[str, dict[str, Any]] = {}
     todo: list[PlannedRun] = []
     for run in runs:

@@ -73,5 +73,25 @@ class SweepStore:
         pq.write_table(table, sink)
         self._atomic("index.parquet", sink.getvalue().to_pybytes())
 
+    def earlier_runs(self, planned: set[str]) -> dict[str, dict[str, Any]]:
+        """Run id -> manifest of each run directory here that `planned` does not name: what
+        earlier invocations of the sweep left (a directory without a readable manifest holds
+        no run's evidence)."""
+        try:
+            entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
+        except OSError as exc:
+            raise HarnessError(f"cannot list {self.dir}: {exc}") from exc
+        found: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            if entry.type != pafs.FileType.Directory or entry.base_name in planned or entry.base_name.startswith("."):
+                continue
+            try:
+                manifest = self.run_location(entry.base_name).read_manifest()
+            except (OSError, ValueError):
+                continue
+            if isinstance(manifest, dict):
+                found[entry.base_name] = manifest
+        return found
+
     def write_sweep(self, payload: dict[str, Any]) -> None:
         self._atomic("sweep.json", json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
