@@ -7,6 +7,7 @@ written through the harness's own writer with real run specs; no Ray, no model, 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.charts import MARKED_RUNS, build_charts
 from harness.evidence.configs import config_labels, run_config
-from benchmarks.report.style import (SHARED_NOISE_LABEL, STABLE_RC, figure, figure_legend, integer_ticks, lift_limit,
-                                     noise_band, palette, save)
+from benchmarks.report.style import (KEY_CHARS, KEY_LINE_IN, SHARED_NOISE_LABEL, STABLE_RC, figure, figure_legend,
+                                     integer_ticks, lift_limit, noise_band, palette, save)
 from conftest import container_spec, run_cli
 from faults import small_spec
 from harness.evidence.writer import EvidenceLocation
@@ -279,6 +280,30 @@ def test_a_figure_of_several_panels_has_one_key(tmp_path: Path) -> None:
     figure_legend(fig, axes)
     (key,) = fig.legends
     assert [t.get_text() for t in key.get_texts()] == ["gepa", SHARED_NOISE_LABEL]
+
+
+def test_a_key_of_configuration_labels_wraps_and_the_figure_grows_to_hold_it(tmp_path: Path) -> None:
+    """Labels naming configurations run to 150 characters: on one line each they pushed the
+    panels out of the figure (matplotlib gave up its layout), and a tall key was cut off."""
+    names = [f"gepa (algorithm.params.cited_memory={m}, algorithm.params.edit_formats=[\"examples\",\"rules\"], "
+             f"algorithm.params.examples_first=true, +11 more #{m:06d})" for m in range(12)]
+    fig, axes = figure(2, ncols=2)
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    for ax in axes:
+        for name in names:
+            ax.plot([0, 1], [0, 1], label=name)
+    figure_legend(fig, axes)
+    (key,) = fig.legends
+    texts = [t.get_text() for t in key.get_texts()]
+    assert [t.replace("\n", " ") for t in texts] == names
+    assert all("\n" in t and max(len(line) for line in t.splitlines()) <= KEY_CHARS for t in texts)
+    lines = sum(t.count("\n") + 1 for t in texts)
+    assert fig.get_figwidth() > width and fig.get_figheight() >= max(height, lines * KEY_LINE_IN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied" is a UserWarning
+        save(fig, tmp_path, "key")
+    bottom, top = key.get_window_extent().y0, key.get_window_extent().y1
+    assert 0 <= bottom and top <= fig.bbox.height  # the whole key is inside the figure
 
 
 def test_a_cell_is_one_line_and_markers_go_past_a_dozen_runs(tmp_path: Path) -> None:

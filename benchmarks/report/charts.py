@@ -172,6 +172,7 @@ def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figu
     tasks = sorted(set(frames.summary["task"]))
     most = max([frames.summary.filter(pl.col("task") == t).height for t in tasks] or [1])
     fig, axes = style.figure(len(tasks), ncols=min(len(tasks), 2) or 1, width=max(6.4, 1.1 * most))
+    standing = False
     for ax, task in zip(axes, tasks):
         rows = _rows(frames.summary, task)
         _band(ax, frames.summary, task)
@@ -181,11 +182,16 @@ def same_container_figure(frames: ReportFrames, colours: dict[str, str]) -> Figu
                 ax.annotate("missing", (x, 0.0), ha="center", va="bottom", fontsize=8, color=style.SEED_GREY)
                 continue
             drawn += _cell(ax, x, row, frames.runs, colours[row["label"]], bar=True)
-        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20 if most > 2 else 0,
-                      ha="right" if most > 2 else "center", fontsize=8)
+        ticks = [style.wrapped(r["label"], style.TICK_CHARS) for r in rows]
+        upright = max((t.count("\n") for t in ticks), default=0) >= 2  # long labels stand, side by side
+        standing = standing or upright
+        ax.set_xticks(range(len(rows)), ticks, rotation=90 if upright else 20 if most > 2 else 0,
+                      ha="right" if most > 2 and not upright else "center", fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         style.lift_axis(ax, drawn, PICK_LIFT)
         style.title(ax, sentence(frames.conclusions, task, "lift"))
+    if standing:  # room for the standing labels below the panels
+        fig.set_figheight(fig.get_figheight() + style.TICK_CHARS * style.KEY_LINE_IN * 0.6)
     style.figure_legend(fig, axes)
     style.suptitle(fig, f"Same container: each run's pick against its own seed ({_ci_note(frames.summary, 'bars')}; "
                         "dots: runs)")

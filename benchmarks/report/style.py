@@ -29,6 +29,13 @@ NOISE_COLOUR = "#9ecae1"
 MIN_LIFT = 0.05  # a lift axis spans at least +-0.05 reward
 SCORE = "mean reward on the pool's rows (0-1)"
 TITLE_CHARS = 72
+# a key's or a tick's label wraps past these: a label naming a configuration
+# ("gepa (algorithm.params.x=..., +11 more #ed2f09)") runs to 150 characters, and one line
+# of that pushed the axes out of the figure
+KEY_CHARS = 60
+TICK_CHARS = 26
+KEY_LINE_IN = 8 * 1.25 / 72  # one line of an 8 pt key, in inches
+KEY_CHAR_IN = 8 * 0.55 / 72  # one character of it, about
 PNG_DPI = 110
 
 
@@ -114,15 +121,20 @@ def suptitle(fig: Figure, text: str) -> None:
     fig.suptitle(textwrap.fill(text, max(40, int(fig.get_figwidth() * 11))))
 
 
+def wrapped(label: str, chars: int = KEY_CHARS) -> str:
+    return textwrap.fill(label, chars)
+
+
 def legend(ax: Axes, loc: str = "best") -> None:
     """Inside the axes for a few entries, to the right of it for more (so lines stay visible)."""
-    entries = len(ax.get_legend_handles_labels()[1])
-    if not entries:
+    handles, labels = ax.get_legend_handles_labels()
+    if not labels:
         return
-    if entries > 4:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    labels = [wrapped(label) for label in labels]
+    if len(labels) > 4:
+        ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     else:
-        ax.legend(fontsize=8, loc=loc)
+        ax.legend(handles, labels, fontsize=8, loc=loc)
 
 
 NOISE_LABEL = "seed noise ±"
@@ -148,7 +160,14 @@ def figure_legend(fig: Figure, axes: Sequence[Axes], loc: str = "best") -> None:
         entries = {label: handle for label, handle in entries.items() if label not in noise}
         entries[SHARED_NOISE_LABEL] = band
     if entries:
-        fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=8)
+        labels = [wrapped(label) for label in entries]
+        fig.legend(list(entries.values()), labels, loc="outside right upper", fontsize=8)
+        # a key taller than the figure is cut off, and one of wrapped labels squeezes the
+        # panels under their titles: the figure grows to hold it
+        lines = sum(label.count("\n") + 1 for label in labels) + 0.5 * len(labels)
+        fig.set_figheight(max(fig.get_figheight(), lines * KEY_LINE_IN + 0.6))
+        if any("\n" in label for label in labels):
+            fig.set_figwidth(fig.get_figwidth() + KEY_CHARS * KEY_CHAR_IN + 0.6)
 
 
 def spread(n: int, width: float = 0.24) -> list[float]:
