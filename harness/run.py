@@ -208,7 +208,9 @@ async def execute_run(
             ctx.restarted_before_start(*restarted_for)
         status, error, stop_reason, best_id, heldout = "done", None, None, ctx.seed_candidate.candidate_id, []
         heap.hold()  # from here the run's own allocations are what the collector walks
-        t_opt = time.monotonic()
+        # a fresh run's optimize_s is on the wall budget's clock, which started with the context:
+        # a run stopped by max_wall_s records at least max_wall_s
+        t_opt = ctx.budget.started if restored is None else time.monotonic()
         timings = {"preflight_s": t_opt - t0, "optimize_s": 0.0}
 
         async def checkpoint(scores: list[HeldoutScore]) -> None:
