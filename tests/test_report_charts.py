@@ -15,8 +15,10 @@ import matplotlib as mpl
 import numpy as np
 import polars as pl
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from benchmarks.report import ReportOptions, compute_report, write_report
 from benchmarks.report.__main__ import main as report_main
@@ -24,6 +26,7 @@ from benchmarks.report.charts import MARKED_RUNS, build_charts
 from harness.evidence.configs import config_labels, run_config
 from benchmarks.report.style import (KEY_CHARS, KEY_LINE_IN, SHARED_NOISE_LABEL, STABLE_RC, figure, figure_legend,
                                      integer_ticks, lift_limit, noise_band, palette, save)
+from benchmarks.report.style import title as panel_title
 from conftest import container_spec, run_cli
 from faults import small_spec
 from harness.evidence.writer import EvidenceLocation
@@ -306,6 +309,25 @@ def test_a_key_of_configuration_labels_wraps_and_the_figure_grows_to_hold_it(tmp
     assert 0 <= bottom and top <= fig.bbox.height  # the whole key is inside the figure
 
 
+def test_a_key_beside_two_panels_leaves_their_titles_room(tmp_path: Path) -> None:
+    """A key beside the panels takes its width from the figure's growth, not from theirs: two
+    panels' titles, wrapped for a whole panel, stay side by side instead of running into
+    each other (as they did in the sweep report's best-vs charts with ten cells)."""
+    fig, axes = figure(2, ncols=2)
+    for i, ax in enumerate(axes):
+        for cell in range(10):
+            ax.plot([0, 1], [0, cell], label=f"gepa_ai (proposer=p_{cell:02d}_{'x' * 12})")
+        panel_title(ax, f"task_{i}: picked on heldout (an upper bound), the best candidate is +0.229 over its "
+                  "run's seed (gepa_ai (proposer=p_large), n=5 seeds, CI [+0.201, +0.263])")
+    figure_legend(fig, axes)
+    save(fig, tmp_path, "titles")  # lays out, then leaves the layout fixed
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    left, right = (next(t for t in ax.get_children() if isinstance(t, Text) and t.get_text() == ax.get_title("left"))
+                   .get_window_extent(renderer) for ax in axes)
+    assert left.x1 < right.x0  # the first panel's title ends before the second's begins
+    assert right.x1 < fig.legends[0].get_window_extent(renderer).x0
+
+
 def test_a_cell_is_one_line_and_markers_go_past_a_dozen_runs(tmp_path: Path) -> None:
     """Each cell's runs are one step line (NaN breaks between runs); with more than
     MARKED_RUNS runs in a panel the per-candidate markers are left out."""
@@ -334,8 +356,9 @@ def _axes_boxes(svg: Path) -> list[tuple[float, ...]]:
 
 def test_saving_lays_out_once_and_regenerates_the_same_bytes(tmp_path: Path) -> None:
     """style.save draws each format once and lays out once (the PNG's layout stays for the
-    SVG): the axes sit where savefig's own layout puts them, within two points (text is
-    measured at the PNG's dpi), and saving fresh figures again writes the very same bytes,
+    SVG): the axes sit where savefig's own layout puts them, within four points (text is
+    measured at the PNG's dpi, where hinting rounds a title's height up to 3.5 points
+    differently than at the SVG's 72), and saving fresh figures again writes the very same bytes,
     for sweep charts and a single run's trace."""
     run_dir = write_run(tmp_path / "one", spec(tmp_path), seed_solved=5, pick_solved=10)
     reports = [compute_report(str(_mixed_folder(tmp_path))), compute_report(str(run_dir))]
@@ -354,7 +377,7 @@ def test_saving_lays_out_once_and_regenerates_the_same_bytes(tmp_path: Path) -> 
         ours, theirs = _axes_boxes(svg), _axes_boxes(tmp_path / f"{name}.svg")
         assert len(ours) == len(theirs) >= 1, name
         for box, expected in zip(ours, theirs):
-            assert box == pytest.approx(expected, abs=2.0), name
+            assert box == pytest.approx(expected, abs=4.0), name
 
 
 def test_count_axes_have_integer_ticks_and_lift_axes_do_not_exaggerate(tmp_path: Path) -> None:

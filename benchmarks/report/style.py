@@ -162,12 +162,13 @@ def figure_legend(fig: Figure, axes: Sequence[Axes], loc: str = "best") -> None:
     if entries:
         labels = [wrapped(label) for label in entries]
         fig.legend(list(entries.values()), labels, loc="outside right upper", fontsize=8)
-        # a key taller than the figure is cut off, and one of wrapped labels squeezes the
-        # panels under their titles: the figure grows to hold it
+        # a key taller than the figure is cut off, and a key beside the panels takes its
+        # width from theirs, squeezing them under titles wrapped for a whole panel (two
+        # panels' titles then overlap): the figure grows to hold it
         lines = sum(label.count("\n") + 1 for label in labels) + 0.5 * len(labels)
         fig.set_figheight(max(fig.get_figheight(), lines * KEY_LINE_IN + 0.6))
-        if any("\n" in label for label in labels):
-            fig.set_figwidth(fig.get_figwidth() + KEY_CHARS * KEY_CHAR_IN + 0.6)
+        widest = max(len(line) for label in labels for line in label.splitlines())
+        fig.set_figwidth(fig.get_figwidth() + widest * KEY_CHAR_IN + 0.6)
 
 
 def spread(n: int, width: float = 0.24) -> list[float]:
