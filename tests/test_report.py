@@ -34,7 +34,8 @@ def heldout(candidate: str, rewards: list[float | None]) -> Rollouts:
 
 
 def write_run(root: Path, run_id: str, *, task: str, stack: str, seed: int, candidates: Candidates,
-              rollouts: Rollouts, status: str = "done") -> EvidenceLocation:
+              rollouts: Rollouts, status: str = "done", totals: dict[str, float] | None = None,
+              timings: dict[str, float] | None = None) -> EvidenceLocation:
     """One run's evidence through the harness's own writer (schema and version metadata)."""
     location = EvidenceLocation(str(root), SWEEP, run_id)
     location.write_table("rollouts", [{
@@ -55,7 +56,8 @@ def write_run(root: Path, run_id: str, *, task: str, stack: str, seed: int, cand
                                                                     "seed": str(seed)},
         "spec": {"container": {"name": task}, "algorithm": {"name": stack}, "seed": seed,
                  "policy": {"model": "policy-m"}, "proposer": {"model": "proposer-m"}},
-        "seed_candidate_id": "c0", "best_candidate_id": "c0", "heldout": [], "totals": {}, "timings": {}})
+        "seed_candidate_id": "c0", "best_candidate_id": "c0", "heldout": [], "totals": totals or {},
+        "timings": timings or {}})
     return location
 
 
@@ -137,6 +139,29 @@ def test_golden_all_candidates_and_markdown(sweep_dir: Path, tmp_path: Path) -> 
     assert curves.columns == ["stack", "task", "run", "metric", "x_name", "x", "y"]
     g0 = curves.filter((pl.col("run") == "g0") & (pl.col("metric") == "heldout_coverage"))
     assert g0["y"].to_list() == [1.0, 3.0, 4.0]
+
+
+def test_a_best_so_far_line_goes_on_to_where_its_run_ended(tmp_path: Path) -> None:
+    """A run that scored only its seed and one child on heldout (the quality sweep's runs) has
+    a best-so-far line to the end of its search, at the level it reached, on every axis; a
+    run without recorded totals ends at its last heldout-scored candidate, as before."""
+    write_run(tmp_path, "r0", task="toy", stack="gepa", seed=0,
+              candidates={"c0": (0, 0, 0.0, 0.0), "c1": (1, 10, 0.1, 5.0), "c2": (2, 20, 0.2, 10.0)},
+              rollouts=heldout("c0", [1, 0, 0, 0]) + heldout("c1", [1, 1, 1, 0]),
+              totals={"rollouts": 40, "cost_usd": 0.4}, timings={"optimize_s": 30.0})
+    write_run(tmp_path, "r1", task="toy", stack="gepa", seed=1,
+              candidates={"c0": (0, 0, 0.0, 0.0), "c1": (1, 10, 0.1, 5.0)},
+              rollouts=heldout("c0", [1, 0, 0, 0]) + heldout("c1", [1, 1, 0, 0]))
+    SweepStore(str(tmp_path), SWEEP).write_sweep({"grid": [
+        {"run_id": f"r{seed}", "container": "toy", "algorithm": "gepa", "seed": str(seed)} for seed in (0, 1)]})
+    curves = compute_report(str(tmp_path / SWEEP), ReportOptions()).curve_points
+    ended = {"rollouts": 40.0, "cost_usd": 0.4, "elapsed_s": 30.0}
+    for x_name, end in ended.items():
+        for run, points in ((r, curves.filter((pl.col("run") == r) & (pl.col("x_name") == x_name)
+                                              & (pl.col("metric") == "best_heldout_lift"))) for r in ("r0", "r1")):
+            last = points.sort("x").row(-1, named=True)
+            expected_x = end if run == "r0" else {"rollouts": 10.0, "cost_usd": 0.1, "elapsed_s": 5.0}[x_name]
+            assert (last["x"], last["y"]) == (pytest.approx(expected_x), pytest.approx(0.5 if run == "r0" else 0.25))
 
 
 def test_error_rows_are_left_out_of_scores_and_counted(tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ RUNS_SCHEMA: dict[str, Any] = {
     "run_id": pl.String, "task": pl.String, "stack": pl.String, "seed": pl.Int64, "status": pl.String,
     "seed_candidate_id": pl.String, "pick_candidate_id": pl.String, "policy_model": pl.String,
     "proposer_model": pl.String,
+    # where each run's search ended, on the best-vs charts' axes (rollouts, USD, seconds)
+    "end_rollouts": pl.Float64, "end_cost_usd": pl.Float64, "end_elapsed_s": pl.Float64,
 }
 FLOAT_DIGITS = 9
 
@@ -87,6 +89,9 @@ def load_runs(target: Target, threshold: float = 1.0,
             "pick_candidate_id": manifest.get("best_candidate_id"),  # the run's own pick
             "policy_model": (spec.get("policy") or {}).get("model"),
             "proposer_model": (spec.get("proposer") or {}).get("model"),
+            "end_rollouts": (manifest.get("totals") or {}).get("rollouts"),
+            "end_cost_usd": (manifest.get("totals") or {}).get("cost_usd"),
+            "end_elapsed_s": (manifest.get("timings") or {}).get("optimize_s"),
             **{axis: point.get(axis, "-") for axis in axes},
         })
     runs = pl.DataFrame(rows, schema={**RUNS_SCHEMA, **{axis: pl.String for axis in axes}})

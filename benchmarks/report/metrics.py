@@ -294,10 +294,17 @@ def curve_points(runs: pl.LazyFrame, scored: pl.LazyFrame, heldout_curve: pl.Laz
     coverage = [c.select("run_id", metric=pl.concat_str([pl.col("split"), pl.lit("_coverage")]),
                          x_name=pl.lit("K"), x=pl.col("k").cast(pl.Float64), y=pl.col("covered").cast(pl.Float64))
                 for c in (heldout_curve, train_curve)]
-    best_points = [scored.select(
-        "run_id", metric=pl.lit("best_heldout"), x_name=pl.lit(name), x=pl.col(col).cast(pl.Float64),
-        y=pl.col("heldout_mean").cum_max().over("run_id", order_by=[col, "index", "candidate_id"]))
-        for name, col in AT_CREATION.items()]
+    # each run's line goes on to where its search ended: a run that scored only its seed and
+    # its pick on heldout would otherwise end at the pick's creation, a spike
+    ends = scored.group_by("run_id").agg(pl.col("heldout_mean").max().alias("y"),
+                                         *(pl.col(col).max().alias(name) for name, col in AT_CREATION.items()))
+    ends = ends.join(runs.select("run_id", *(f"end_{name}" for name in AT_CREATION)), on="run_id")
+    best_points = [pl.concat([
+        scored.select("run_id", metric=pl.lit("best_heldout"), x_name=pl.lit(name), x=pl.col(col).cast(pl.Float64),
+                      y=pl.col("heldout_mean").cum_max().over("run_id", order_by=[col, "index", "candidate_id"])),
+        ends.select("run_id", metric=pl.lit("best_heldout"), x_name=pl.lit(name),
+                    x=pl.max_horizontal(pl.col(name).cast(pl.Float64), f"end_{name}"), y="y"),
+    ]) for name, col in AT_CREATION.items()]
     seeds = best.select("run_id", "seed_heldout")
     lift = [frame.join(seeds, on="run_id").select(
         "run_id", metric=pl.lit("best_heldout_lift"), x_name="x_name", x="x", y=pl.col("y") - pl.col("seed_heldout"))
