@@ -30,7 +30,7 @@ MIN_LIFT = 0.05  # a lift axis spans at least +-0.05 reward
 SCORE = "mean reward on the pool's rows (0-1)"
 TITLE_CHARS = 72
 # a key's or a tick's label wraps past these: a label naming a configuration
-# ("gepa (algorithm.params.x=..., +11 more #ed2f09)") runs to 150 characters, and one line
+# ("gepa (cited_memory=0, edit_formats=[...], +11 more #ed2f09)") runs to 100 characters and more, and one line
 # of that pushed the axes out of the figure
 KEY_CHARS = 60
 TICK_CHARS = 26

@@ -22,6 +22,7 @@ IDENTITY_KEYS = ("algorithm", "budget", "container", "heldout_candidates", "poli
 # model fields outside the identity, for manifests without one
 MODEL_TRANSPORT = ("timeout_s", "api_key_env")
 MAX_NAMED = 3
+ALGORITHM_PARAMS = "algorithm.params."
 
 
 def _identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,8 +77,14 @@ def _differing(configs: list[dict[str, str]]) -> list[str]:
     return [k for k in differ if not (k.endswith(".source") and k.removesuffix(".source") + ".model" in differ)]
 
 
+def _name(key: str) -> str:
+    """A key as a label names it: an algorithm parameter by its own name, since the label
+    starts with the algorithm's (``gepa (minibatch_size=8)``)."""
+    return key.removeprefix(ALGORITHM_PARAMS)
+
+
 def _describe(config: dict[str, str], keys: list[str]) -> str:
-    named = [f"{k}={_short(config[k]) if k in config else 'unset'}" for k in keys[:MAX_NAMED]]
+    named = [f"{_name(k)}={_short(config[k]) if k in config else 'unset'}" for k in keys[:MAX_NAMED]]
     if len(keys) > MAX_NAMED:
         named.append(f"+{len(keys) - MAX_NAMED} more")
     return ", ".join(named)
