@@ -50,9 +50,12 @@ def test_suite_writes_results_and_summary(tmp_path: Path, data_dir: Path) -> Non
     # the bare proxy's arm: the hop alone, its own process measured, no gateway in its path
     assert gateway["bare_proxy_per_s"] > 0 and gateway["bare_proxy_cpu_ms_per_call_proxy"] > 0
     assert "bare_proxy_cpu_ms_per_call_gateway" not in gateway
+    # with an upstream as slow as a hosted model, every call still takes at least that long
+    assert gateway["slow_gateway_per_s"] > 0 and gateway["slow_gateway_p50_ms"] >= 1000 * gateway["slow_latency_s"]
 
     summary = (tmp_path / "summary.md").read_text()
     for needle in ("overhead: harness vs bare loop", "overlap: our GEPA", "overlap: gepa library",
                    "report over 100,000 rollout rows", "over 2 rounds", "gateway vs direct", "gateway CPU", "a bare proxy on the same stack",
+                   "upstream answering in 200 ms",
                    "CPU ms per rollout: run ", "Machines: "):
         assert needle in summary, needle

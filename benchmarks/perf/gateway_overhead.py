@@ -108,12 +108,45 @@ def register_run(gateway: GatewayServer, run_id: str, upstream: str, scopes: lis
     return [f"{gateway.url}/c/{tokens[s]}/r/{run_id}/{s}/policy/v1" for s in scopes]
 
 
+def slow_upstream(latency: float, concurrency: int, rounds: int, *, quick: bool) -> dict[str, float]:
+    """Direct vs the gateway to an upstream that takes `latency` per answer, as a hosted model
+    does (hundreds of milliseconds): what the gateway costs a run when the processes are not
+    all busy on the same cores, the case of the instant upstream above. Ten waves of
+    `concurrency` calls per arm and round, arms interleaved, medians."""
+    n = (2 if quick else 10) * concurrency
+    rates: dict[str, list[float]] = {"direct": [], "gateway": []}
+    p50: dict[str, list[float]] = {"direct": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-slow-") as tmp, \
+            ScriptedModelServer(f"rules?latency_s={latency:g}", log_dir=Path(tmp)) as server:
+        spec = ModelSpec(provider="scripted", model="scripted-slow", source=f"rules?latency_s={latency:g}")
+        upstream = upstream_for(spec, server.base_url)
+        gateway = GatewayServer(GatewaySettings(limits=LimitSettings(max_concurrency=max(64, concurrency))),
+                                log_dir=Path(tmp))
+        with gateway:
+            gateway.register(upstream)
+            for r in range(rounds):
+                scopes = [f"slow{r}-c0000-train:{i}" for i in range(n)]
+                arms = {"direct": [server.base_url] * n,
+                        "gateway": register_run(gateway, f"slow{r}", upstream.name, scopes)}
+                for arm, urls in arms.items():
+                    rate, latencies = asyncio.run(drive(urls, concurrency, salt=f"slow{r}"))
+                    rates[arm].append(rate)
+                    p50[arm].append(statistics.median(latencies))
+    median = {arm: statistics.median(v) for arm, v in rates.items()}
+    return {"slow_latency_s": latency, "slow_requests_per_arm": n,
+            **{f"slow_{arm}_per_s": value for arm, value in median.items()},
+            **{f"slow_{arm}_p50_ms": statistics.median(v) * 1000 for arm, v in p50.items()},
+            "ratio_slow_gateway_vs_direct": median["gateway"] / median["direct"]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1500, help="calls per arm and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--latency", type=float, default=0.2,
+                        help="seconds a slow upstream takes per answer, for the realistic arm (0: none)")
     parser.add_argument("--quick", action="store_true", help="200 calls, 1 round: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -157,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                     p50[arm].append(statistics.median(lat))
                     cpu[arm].append(per_call)
                 print(f"round {r}: " + ", ".join(f"{arm} {v[-1]:.0f}/s" for arm, v in rates.items()), flush=True)
+    slow = slow_upstream(args.latency, c, args.rounds, quick=args.quick) if args.latency > 0 else {}
     median = {arm: statistics.median(v) for arm, v in rates.items()}
     median_p50 = {arm: statistics.median(v) for arm, v in p50.items()}
     median_cpu = {arm: {name: statistics.median(r[name] for r in v if name in r) for name in v[0]}
@@ -171,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_gateway_vs_bare_proxy": median["gateway"] / median["bare_proxy"],
         "ratio_cache_miss_vs_direct": median["gateway_cache_miss"] / median["direct"],
         "ratio_cache_hit_vs_direct": median["gateway_cache_hit"] / median["direct"],
+        **slow,
     }
     where = write_results("gateway_overhead", [row], args.results_dir)
     print(f"\ncompletions/s at {c} concurrent requests ({n} per arm, median of {args.rounds} rounds, "
@@ -182,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  gateway / direct     {row['ratio_gateway_vs_direct']:.2f}  (cache off, the default)")
     print(f"  bare proxy / direct  {row['ratio_bare_proxy_vs_direct']:.2f}  (the floor of a gateway on this stack)")
     print(f"  gateway / bare proxy {row['ratio_gateway_vs_bare_proxy']:.2f}  (the gateway's own work)")
+    if slow:
+        print(f"  with an upstream that takes {args.latency * 1000:.0f} ms: gateway {slow['slow_gateway_per_s']:.1f}/s vs "
+              f"direct {slow['slow_direct_per_s']:.1f}/s ({slow['ratio_slow_gateway_vs_direct']:.3f}); p50 latency "
+              f"{slow['slow_gateway_p50_ms']:.1f} vs {slow['slow_direct_p50_ms']:.1f} ms")
     print(f"  written to {where}")
 
 
