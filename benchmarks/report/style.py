@@ -29,9 +29,9 @@ NOISE_COLOUR = "#9ecae1"
 MIN_LIFT = 0.05  # a lift axis spans at least +-0.05 reward
 SCORE = "mean reward on the pool's rows (0-1)"
 TITLE_CHARS = 72
-# a key's or a tick's label wraps past these: a label naming a configuration
-# ("gepa (cited_memory=0, edit_formats=[...], +11 more #ed2f09)") runs to 100 characters and more, and one line
-# of that pushed the axes out of the figure
+# a key's or a tick's label wraps past these: a label naming a configuration ("gepa
+# (cited_memory=0, edit_formats=[...], +11 more #ed2f09)") runs past 100 characters, and one
+# line of that pushed the axes out of the figure
 KEY_CHARS = 60
 TICK_CHARS = 26
 KEY_LINE_IN = 8 * 1.25 / 72  # one line of an 8 pt key, in inches
