@@ -65,8 +65,10 @@ class ChartWorker:
         self._talk.start()
 
     def paths(self) -> list[Path]:
-        """The paths the worker wrote, once it has drawn its share; a ReportError if it failed."""
-        assert self._talk is not None, "send first"
+        """The paths the worker wrote, once it has drawn its share (none when it was sent no
+        share); a ReportError if it failed."""
+        if self._talk is None:
+            return []
         self._talk.join(WAIT_S)
         if self._talk.is_alive():
             raise ReportError(f"the chart worker drew nothing within {WAIT_S:.0f} s")

@@ -152,7 +152,6 @@ def _draw_charts(frames: ReportFrames, out_dir: Path, mine: tuple[str, ...], wor
     from benchmarks.report.charts import draw
 
     drawn = frames.charts.drawn
-    theirs = len(mine) < len(drawn)
-    paths = draw(frames, out_dir, mine) + (worker.paths() if theirs else [])  # type: ignore[union-attr]
+    paths = draw(frames, out_dir, mine) + (worker.paths() if worker is not None else [])
     order = {name: i for i, name in enumerate(drawn)}
     return sorted(paths, key=lambda p: (order[p.stem], p.suffix != ".png"))

@@ -30,9 +30,7 @@ def sweep_grid(planned: list[RunSpec], earlier: dict[str, dict[str, Any]]) -> li
     that differ."""
     points = {s.run_id: {"run_id": s.run_id, **s.axes} for s in planned}
     found = {s.run_id: planned_config(s) for s in planned}
-    for run_id, manifest in sorted(earlier.items()):
-        if run_id in points:
-            continue
+    for run_id, manifest in sorted(earlier.items()):  # none of them planned (SweepStore.earlier_runs)
         points[run_id] = {"run_id": run_id, **{k: str(v) for k, v in (manifest.get("axes") or {}).items()}}
         found[run_id] = configs.run_config(manifest)
     if earlier:
