@@ -149,3 +149,18 @@ def test_a_container_that_speaks_another_contract(tmp_path, data_dir, fake_conta
     assert "Traceback" not in result.stdout, error
     assert server.hits["/rollout"] == 0  # before any rollout
     assert_no_run_written(evidence)
+
+
+# ---------------------------------------------------------------- a sweep folder's own files
+
+
+def test_an_unreadable_sweep_index_is_one_line_and_left_as_it_was(tmp_path, data_dir) -> None:
+    """The index carries earlier invocations' runs: one that cannot be read stops the sweep
+    before it writes anything, rather than being replaced by this invocation's runs alone."""
+    index = tmp_path / "evidence" / "smoke" / "index.parquet"
+    index.parent.mkdir(parents=True)
+    index.write_bytes(b"not parquet")
+    result, lines, _ = harness(tmp_path, data_dir, "+sweep=smoke")
+    assert_one_error_line(result, lines, f"{index}: unreadable sweep index", "move it aside", only_line=False)
+    assert sorted(p.name for p in index.parent.iterdir()) == ["index.parquet"]
+    assert index.read_bytes() == b"not parquet"

@@ -239,6 +239,9 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert "its report also covers 4 run(s) earlier invocations left" in more.stdout
     grid = {g["run_id"]: g for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
     assert set(grid) > set(grid_ids) and len(grid) == 5
+    # the index goes on listing the earlier runs, as the last invocation recorded them
+    status = {r["run_id"]: r["status"] for r in index_rows(sweep_dir)}
+    assert status == {**{run_id: "skipped" for run_id in grid_ids}, **{r: "done" for r in set(grid) - set(grid_ids)}}
     configs = {(g["container"], g["config"]) for g in grid.values()}
     assert configs == {("heart_disease", "-"), ("banking77", "budget.max_rollouts=40"),
                        ("banking77", "budget.max_rollouts=30")}

@@ -71,7 +71,9 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
     log_dir = store.log_dir
     thresholds = {r.spec.container.name: r.spec.container.solved_threshold for r in runs
                   if r.spec.container.solved_threshold is not None}
-    earlier = store.earlier_runs({r.spec.run_id for r in runs})
+    planned = {r.spec.run_id for r in runs}
+    earlier = store.earlier_runs(planned)
+    store.carry_over(planned)
     grid = sweep_grid([r.spec for r in runs], earlier)
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,

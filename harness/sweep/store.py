@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from harness.atomic import atomic_write
 from harness.errors import HarnessError
+from harness.evidence.reader import first_line
 from harness.evidence.writer import EvidenceLocation
 
 INDEX_SCHEMA = pa.schema(
@@ -46,6 +47,7 @@ class SweepStore:
         self.evidence_root, self.sweep = evidence_root, sweep
         self._probe = EvidenceLocation(evidence_root, sweep, "_")
         self.fs, self.dir = self._probe.fs, self._probe.sweep_dir
+        self._carried: list[dict[str, Any]] = []  # earlier invocations' rows (carry_over)
 
     def check_writable(self) -> None:
         self._probe.check_writable()
@@ -67,8 +69,23 @@ class SweepStore:
         except OSError as exc:  # e.g. the disk is full: no temporary file left, one clear line
             raise HarnessError(f"cannot write {self.dir}/{name}: {exc}") from exc
 
+    def carry_over(self, planned: set[str]) -> int:
+        """Keep the index's rows of runs `planned` does not name, so the index goes on listing
+        every run of the sweep folder (a run that failed before writing evidence is only
+        there), not only the last command's. Returns how many were kept."""
+        path = f"{self.dir}/index.parquet"
+        try:
+            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                return 0
+            rows = pq.read_table(path, filesystem=self.fs).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            raise HarnessError(f"{path}: unreadable sweep index ({first_line(exc)}); move it aside to start a new one") from exc
+        self._carried = [{k: r.get(k) for k in INDEX_SCHEMA.names} for r in rows if r.get("run_id") not in planned]
+        return len(self._carried)
+
     def write_index(self, rows: list[dict[str, Any]]) -> None:
-        table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA)
+        """The index: this invocation's `rows` after the carried ones."""
+        table = pa.Table.from_pylist([*self._carried, *rows], schema=INDEX_SCHEMA)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         self._atomic("index.parquet", sink.getvalue().to_pybytes())
