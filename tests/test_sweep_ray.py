@@ -327,6 +327,22 @@ def test_failed_runs_are_isolated(tmp_path, data_dir):
     assert table.count("failed") >= 2 and "ConnectError" in table and "exited with code 3" in table
     assert "index.parquet" in table
 
+    # another seed of the healthy container alone: the index, the grid and the report keep the
+    # runs that failed before writing any evidence (the index is their only record)
+    more = run_sweep(evidence, data_dir, f"hydra.searchpath=[file://{configs}]", "sweep.containers=[heart_disease]",
+                     "sweep.seeds=[1]")
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    kept = {r["run_id"]: r for r in index_rows(sweep_dir)}
+    assert {r["run_id"] for r in rows.values()} < set(kept) and len(kept) == 4
+    assert kept[rows["broken"]["run_id"]]["status"] == "failed"
+    assert "exited with code 3" in kept[rows["broken"]["run_id"]]["error"]
+    grid = {g["run_id"]: g for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
+    assert set(grid) == set(kept) and grid[rows["broken"]["run_id"]]["container"] == "broken"
+    assert "config" not in grid[rows["broken"]["run_id"]]  # one configuration per cell: nothing to tell apart
+    cells = pl.read_parquet(sweep_dir / "report" / "summary.parquet")
+    assert sorted(zip(cells["task"], cells["n_expected"], cells["n_runs"], cells["n_failed"])) == [
+        ("broken", 1, 0, 1), ("dead", 1, 0, 1), ("heart_disease", 2, 2, 0)]
+
 
 def test_ctrl_c_stops_services_and_ray(tmp_path, data_dir):
     evidence = tmp_path / "evidence"

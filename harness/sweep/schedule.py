@@ -47,6 +47,7 @@ def index_row(spec: RunSpec, status: str, outcome: RunOutcome | None, attempts: 
         "failed_rollouts": outcome.failed_rollouts if outcome else None, "wall_s": outcome.wall_s if outcome else None,
         "seed_heldout": outcome.seed_heldout if outcome else None,
         "best_heldout": outcome.best_heldout if outcome else None,
+        "identity_json": json.dumps(spec.identity(), sort_keys=True, default=str),
     }
 
 

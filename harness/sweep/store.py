@@ -38,6 +38,9 @@ INDEX_SCHEMA = pa.schema(
         ("node_id", pa.string()),
         ("node_host", pa.string()),
         ("moved_from", pa.string()),
+        # what the run id hashes (RunSpec.identity): a later invocation's grid tells the
+        # configuration of a run that failed before writing a manifest
+        ("identity_json", pa.string()),
     ]
 )
 
@@ -69,19 +72,23 @@ class SweepStore:
         except OSError as exc:  # e.g. the disk is full: no temporary file left, one clear line
             raise HarnessError(f"cannot write {self.dir}/{name}: {exc}") from exc
 
-    def carry_over(self, planned: set[str]) -> int:
+    def carry_over(self, planned: set[str]) -> dict[str, dict[str, Any]]:
         """Keep the index's rows of runs `planned` does not name, so the index goes on listing
-        every run of the sweep folder (a run that failed before writing evidence is only
-        there), not only the last command's. Returns how many were kept."""
+        every run of the sweep folder, not only the last command's. Returns those of them that
+        failed before writing evidence (the index is their only record), each as the part of
+        a manifest the sweep's grid reads: its axes and identity."""
         path = f"{self.dir}/index.parquet"
         try:
             if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-                return 0
+                return {}
             rows = pq.read_table(path, filesystem=self.fs).to_pylist()
         except (OSError, pa.ArrowException) as exc:
-            raise HarnessError(f"{path}: unreadable sweep index ({first_line(exc)}); move it aside to start a new one") from exc
+            raise HarnessError(f"{path}: unreadable sweep index ({first_line(exc)}); "
+                               "move it aside to start a new one") from exc
         self._carried = [{k: r.get(k) for k in INDEX_SCHEMA.names} for r in rows if r.get("run_id") not in planned]
-        return len(self._carried)
+        return {r["run_id"]: {"status": "failed", "axes": json.loads(r["axes_json"] or "{}"),
+                              "identity": json.loads(r["identity_json"])}
+                for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
 
     def write_index(self, rows: list[dict[str, Any]]) -> None:
         """The index: this invocation's `rows` after the carried ones."""
