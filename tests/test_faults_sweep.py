@@ -272,3 +272,20 @@ async def _served(stats_url: str) -> int:
 
     async with httpx.AsyncClient() as client:
         return (await client.get(stats_url)).json()["total"]
+
+
+def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path) -> None:
+    """An invocation stopped mid-sweep leaves runs `running` in the index; a later one with
+    other runs keeps those rows as still to do, and a run that failed early with its cause."""
+    first = SweepStore(str(tmp_path), "s")
+    first.write_index([{"run_id": "a", "status": "running", "seed": 0, "attempts": 1},
+                       {"run_id": "b", "status": "failed", "error": "container exited with code 3", "seed": 1,
+                        "attempts": 1, "axes_json": '{"seed": "1"}', "identity_json": '{"seed": 1}'},
+                       {"run_id": "c", "status": "done", "seed": 2, "attempts": 1, "evidence_dir": "/e/s/c"}])
+    later = SweepStore(str(tmp_path), "s")
+    failed_early = later.carry_over({"c"})
+    assert failed_early == {"b": {"status": "failed", "axes": {"seed": "1"}, "identity": {"seed": 1}}}
+    later.write_index([{"run_id": "c", "status": "skipped", "seed": 2, "attempts": 0}])
+    rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
+    assert {k: r["status"] for k, r in rows.items()} == {"a": "pending", "b": "failed", "c": "skipped"}
+    assert rows["b"]["error"] == "container exited with code 3"

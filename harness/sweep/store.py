@@ -85,7 +85,10 @@ class SweepStore:
         except (OSError, pa.ArrowException) as exc:
             raise HarnessError(f"{path}: unreadable sweep index ({first_line(exc)}); "
                                "move it aside to start a new one") from exc
-        self._carried = [{k: r.get(k) for k in INDEX_SCHEMA.names} for r in rows if r.get("run_id") not in planned]
+        # a run an interrupted invocation left running is not running now: it is still to do
+        self._carried = [{**{k: r.get(k) for k in INDEX_SCHEMA.names},
+                          **({"status": "pending"} if r.get("status") == "running" else {})}
+                         for r in rows if r.get("run_id") not in planned]
         return {r["run_id"]: {"status": "failed", "axes": json.loads(r["axes_json"] or "{}"),
                               "identity": json.loads(r["identity_json"])}
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
