@@ -283,8 +283,7 @@ def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path)
                         "attempts": 1, "axes_json": '{"seed": "1"}', "identity_json": '{"seed": 1}'},
                        {"run_id": "c", "status": "done", "seed": 2, "attempts": 1, "evidence_dir": "/e/s/c"}])
     later = SweepStore(str(tmp_path), "s")
-    failed_early = later.carry_over({"c"})
-    assert failed_early == {"b": {"status": "failed", "axes": {"seed": "1"}, "identity": {"seed": 1}}}
+    assert later.earlier_runs({"c"}) == {"b": {"axes": {"seed": "1"}, "identity": {"seed": 1}}}
     later.write_index([{"run_id": "c", "status": "skipped", "seed": 2, "attempts": 0}])
     rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
     assert {k: r["status"] for k, r in rows.items()} == {"a": "pending", "b": "failed", "c": "skipped"}

@@ -73,7 +73,6 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                   if r.spec.container.solved_threshold is not None}
     planned = {r.spec.run_id for r in runs}
     earlier = store.earlier_runs(planned)
-    earlier |= {r: m for r, m in store.carry_over(planned).items() if r not in earlier}
     grid = sweep_grid([r.spec for r in runs], earlier)
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,

@@ -50,7 +50,7 @@ class SweepStore:
         self.evidence_root, self.sweep = evidence_root, sweep
         self._probe = EvidenceLocation(evidence_root, sweep, "_")
         self.fs, self.dir = self._probe.fs, self._probe.sweep_dir
-        self._carried: list[dict[str, Any]] = []  # earlier invocations' rows (carry_over)
+        self._carried: list[dict[str, Any]] = []  # earlier invocations' index rows (earlier_runs)
 
     def check_writable(self) -> None:
         self._probe.check_writable()
@@ -72,7 +72,7 @@ class SweepStore:
         except OSError as exc:  # e.g. the disk is full: no temporary file left, one clear line
             raise HarnessError(f"cannot write {self.dir}/{name}: {exc}") from exc
 
-    def carry_over(self, planned: set[str]) -> dict[str, dict[str, Any]]:
+    def _carry_over(self, planned: set[str]) -> dict[str, dict[str, Any]]:
         """Keep the index's rows of runs `planned` does not name, so the index goes on listing
         every run of the sweep folder, not only the last command's. Returns those of them that
         failed before writing evidence (the index is their only record), each as the part of
@@ -89,8 +89,7 @@ class SweepStore:
         self._carried = [{**{k: r.get(k) for k in INDEX_SCHEMA.names},
                           **({"status": "pending"} if r.get("status") == "running" else {})}
                          for r in rows if r.get("run_id") not in planned]
-        return {r["run_id"]: {"status": "failed", "axes": json.loads(r["axes_json"] or "{}"),
-                              "identity": json.loads(r["identity_json"])}
+        return {r["run_id"]: {"axes": json.loads(r["axes_json"] or "{}"), "identity": json.loads(r["identity_json"])}
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
 
     def write_index(self, rows: list[dict[str, Any]]) -> None:
@@ -101,9 +100,11 @@ class SweepStore:
         self._atomic("index.parquet", sink.getvalue().to_pybytes())
 
     def earlier_runs(self, planned: set[str]) -> dict[str, dict[str, Any]]:
-        """Run id -> manifest of each run directory here that `planned` does not name: what
-        earlier invocations of the sweep left (a directory without a readable manifest holds
-        no run's evidence)."""
+        """Run id -> manifest of each run earlier invocations of the sweep left that `planned`
+        does not name: the run directories holding a readable manifest, and the runs the index
+        records as failed before writing any (their manifest is the part the grid reads). Also
+        keeps the index's rows of those runs for `write_index`."""
+        failed_early = self._carry_over(planned)
         try:
             entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
         except OSError as exc:
@@ -118,7 +119,7 @@ class SweepStore:
                 continue
             if isinstance(manifest, dict):
                 found[entry.base_name] = manifest
-        return found
+        return failed_early | found  # a run's own manifest, where it wrote one, over its index row
 
     def write_sweep(self, payload: dict[str, Any]) -> None:
         self._atomic("sweep.json", json.dumps(payload, indent=2, sort_keys=True, default=str).encode())
