@@ -231,6 +231,12 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert {r["status"] for r in index_rows(sweep_dir)} == {"skipped"}
     assert sorted(r["run_id"] for r in index_rows(sweep_dir)) == sorted(grid_ids)
 
+    # an index that lost the rows of three runs (as one written before indexes kept earlier
+    # invocations' rows): the next invocation lists them again, from their manifests
+    kept_row = pq.read_table(sweep_dir / "index.parquet").slice(0, 1)
+    pq.write_table(kept_row, sweep_dir / "index.parquet")
+    kept = kept_row.column("run_id")[0].as_py()
+
     # another seed with another budget: the sweep's report keeps the four earlier runs, and
     # the two budgets of the banking77 cell are told apart, never pooled into one mean
     more = run_sweep(evidence, data_dir, "sweep.containers=[banking77]", "sweep.seeds=[2]", "budget.max_rollouts=30")
@@ -239,9 +245,16 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert "its report also covers 4 run(s) earlier invocations left" in more.stdout
     grid = {g["run_id"]: g for g in json.loads((sweep_dir / "sweep.json").read_text())["grid"]}
     assert set(grid) > set(grid_ids) and len(grid) == 5
-    # the index goes on listing the earlier runs, as the last invocation recorded them
-    status = {r["run_id"]: r["status"] for r in index_rows(sweep_dir)}
-    assert status == {**{run_id: "skipped" for run_id in grid_ids}, **{r: "done" for r in set(grid) - set(grid_ids)}}
+    # the index goes on listing the earlier runs: as the last invocation recorded them, or as
+    # their manifests do
+    indexed = {r["run_id"]: r for r in index_rows(sweep_dir)}
+    assert {r: row["status"] for r, row in indexed.items()} == {
+        **{run_id: "done" for run_id in grid}, kept: "skipped"}
+    for row in rows:
+        assert {k: indexed[row["run_id"]][k] for k in ("rollouts", "seed_heldout", "best_heldout", "evidence_dir",
+                                                         "container", "seed", "identity_json")} == {
+            k: row[k] for k in ("rollouts", "seed_heldout", "best_heldout", "evidence_dir", "container", "seed",
+                                "identity_json")}
     configs = {(g["container"], g["config"]) for g in grid.values()}
     assert configs == {("heart_disease", "-"), ("banking77", "budget.max_rollouts=40"),
                        ("banking77", "budget.max_rollouts=30")}

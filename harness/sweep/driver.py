@@ -21,22 +21,12 @@ from harness.services import Services
 from harness.sweep.expand import SweepSpec
 from harness.sweep.grid import sweep_grid
 from harness.sweep.schedule import (
-    PlannedRun, endpoint_limits, index_row, ray_address, run_on_cluster, schedule, start_services,
+    PlannedRun, endpoint_limits, index_row, manifest_row, ray_address, recorded_results, run_on_cluster, schedule,
+    start_services,
 )
 from harness.sweep.store import SweepStore
 from harness.tracking.hooks import ExportNote, export_finished, open_target, ui_hint
 from harness.tracking.settings import MlflowTarget
-
-
-def _recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The index columns of a run done earlier, from its manifest, so a resumed sweep's
-    table shows every run's results, not blanks for those it skipped."""
-    heldout = {h["candidate_id"]: h["heldout_score"] for h in manifest.get("heldout") or []}
-    return {"rollouts": (manifest.get("totals") or {}).get("rollouts"),
-            "failed_rollouts": (manifest.get("totals") or {}).get("failed_rollouts"),
-            "wall_s": (manifest.get("timings") or {}).get("wall_s"),
-            "seed_heldout": heldout.get(manifest.get("seed_candidate_id")),
-            "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
 
 
 def _parity(runs: list[PlannedRun]) -> dict[str, Any]:
@@ -73,6 +63,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
                   if r.spec.container.solved_threshold is not None}
     planned = {r.spec.run_id for r in runs}
     earlier = store.earlier_runs(planned)
+    store.adopt({r: manifest_row(r, m, store.run_location(r).run_dir) for r, m in earlier.items()})
     grid = sweep_grid([r.spec for r in runs], earlier)
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
@@ -88,7 +79,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
         manifest = store.run_location(run.spec.run_id).read_manifest()
         if manifest is not None and manifest.get("status") == "done" and not base.force:
             rows[run.spec.run_id] = index_row(run.spec, "skipped", None, 0) | {
-                "evidence_dir": store.run_location(run.spec.run_id).run_dir, **_recorded_results(manifest)}
+                "evidence_dir": store.run_location(run.spec.run_id).run_dir, **recorded_results(manifest)}
         else:
             rows[run.spec.run_id] = index_row(run.spec, "pending", None, 0)
             todo.append(run)

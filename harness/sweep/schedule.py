@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 
 from harness.config import HarnessConfig
@@ -49,6 +49,30 @@ def index_row(spec: RunSpec, status: str, outcome: RunOutcome | None, attempts: 
         "best_heldout": outcome.best_heldout if outcome else None,
         "identity_json": json.dumps(spec.identity(), sort_keys=True, default=str),
     }
+
+
+def recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The index columns of a run done earlier, from its manifest, so a resumed sweep's
+    table shows every run's results, not blanks for those it skipped."""
+    heldout = {h["candidate_id"]: h["heldout_score"] for h in manifest.get("heldout") or []}
+    return {"rollouts": (manifest.get("totals") or {}).get("rollouts"),
+            "failed_rollouts": (manifest.get("totals") or {}).get("failed_rollouts"),
+            "wall_s": (manifest.get("timings") or {}).get("wall_s"),
+            "seed_heldout": heldout.get(manifest.get("seed_candidate_id")),
+            "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
+
+
+def manifest_row(run_id: str, manifest: dict[str, Any], evidence_dir: str) -> dict[str, Any] | None:
+    """The index row of a run an earlier invocation finished, from its manifest alone: for
+    an index that has no row of it (one written before indexes kept earlier runs' rows).
+    None when the manifest records no spec that reads as a RunSpec today."""
+    try:
+        spec = RunSpec.model_validate(manifest.get("spec") or {})
+    except ValidationError:
+        return None
+    return index_row(spec, str(manifest.get("status") or "failed"), None, 0) | recorded_results(manifest) | {
+        "run_id": run_id, "evidence_dir": evidence_dir, "error": manifest.get("error"), "attempts": None,
+        "identity_json": json.dumps(manifest.get("identity") or spec.identity(), sort_keys=True, default=str)}
 
 
 def ray_address(address: str | None) -> str | None:

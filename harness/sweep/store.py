@@ -92,6 +92,11 @@ class SweepStore:
         return {r["run_id"]: {"axes": json.loads(r["axes_json"] or "{}"), "identity": json.loads(r["identity_json"])}
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
 
+    def adopt(self, rows: dict[str, dict[str, Any] | None]) -> None:
+        """Carry `rows` (run id -> index row) of earlier runs the index has no row of."""
+        known = {r["run_id"] for r in self._carried}
+        self._carried += [row for run_id, row in sorted(rows.items()) if row is not None and run_id not in known]
+
     def write_index(self, rows: list[dict[str, Any]]) -> None:
         """The index: this invocation's `rows` after the carried ones."""
         table = pa.Table.from_pylist([*self._carried, *rows], schema=INDEX_SCHEMA)
