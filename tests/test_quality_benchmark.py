@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from benchmarks.quality.__main__ import main
+from benchmarks.quality.__main__ import default_arms, main
 from benchmarks.quality.table import bootstrap_ci, label_variants, pick_changes, runs, summary, top_answer
 
 
@@ -34,6 +34,7 @@ def test_quick_benchmark_writes_the_table_from_the_evidence(quick: Path) -> None
     assert 0 < gepa["rollouts"] <= 60
     table = (quick / "summary.md").read_text()
     assert "| heart_disease | gepa | 1 | s0: " in table and "scripted-rules" in table
+    assert "An arm named by its algorithm alone is what the default command runs" in table
     # what the pick changed, per optimizing run (the control arm has none to show)
     assert "## What each run's pick changed" in table
     note = next(line for line in table.splitlines() if line.startswith("- heart_disease / gepa / seed 0: pick "))
@@ -79,10 +80,23 @@ def test_pick_changes_are_the_lines_added_and_dropped_per_module(tmp_path: Path)
 
 
 def test_runs_of_one_algorithm_with_other_settings_are_other_arms() -> None:
-    rows = [{"arm": "gepa"}, {"arm": "gepa"}, {"arm": "gepa"}, {"arm": "seed_only"}]
+    rows = [{"task": "t", "arm": "gepa"}, {"task": "t", "arm": "gepa"}, {"task": "t", "arm": "gepa"},
+            {"task": "t", "arm": "seed_only"}]
     params = [{"samples": 2, "screen": True}, {"samples": 2, "screen": True}, {"samples": 2}, {}]
-    label_variants(rows, params)
+    label_variants(rows, params, {})
     assert [r["arm"] for r in rows] == ["gepa (screen=true)", "gepa (screen=true)", "gepa (screen=absent)", "seed_only"]
+
+
+def test_arms_are_named_by_how_they_differ_from_the_default_command() -> None:
+    """The runs the default command makes keep the algorithm's name; any other names only
+    what it changes, a setting the default has that the run lacks as `absent`."""
+    tasks = ["t", "t", "t", "t", "u"]
+    rows = [{"task": task, "arm": "gepa"} for task in tasks]
+    params = [{"samples": 2, "screen": True}, {"samples": 4, "screen": True}, {"samples": 2},
+              {"samples": 2, "screen": True, "memory": 64}, {"samples": 2}]
+    label_variants(rows, params, {("t", "gepa"): {"samples": 2, "screen": True}})
+    assert [r["arm"] for r in rows] == ["gepa", "gepa (samples=4)", "gepa (screen=absent)", "gepa (memory=64)",
+                                        "gepa"]  # task u: the default plans none, and its one run differs from none
 
 
 def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) -> None:
@@ -100,6 +114,9 @@ def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) ->
     arms = runs(sweep).select("arm", "run_id").rows()
     assert ("gepa (train_rows=100)", "wider-run") in arms
     assert sorted(arm for arm, _ in arms) == ["gepa (train_rows=100)", "gepa (train_rows=20)", "seed_only"]
+    # against what `--quick` plans (composed from the configs): its own runs are the default arms
+    arms = runs(sweep, default_arms(quick=True)).select("arm", "run_id").rows()
+    assert sorted(arm for arm, _ in arms) == ["gepa", "gepa (train_rows=100)", "seed_only"]
 
 
 def test_the_most_common_answer_counts_only_scored_heldout_rows_of_the_candidate(tmp_path: Path) -> None:

@@ -22,11 +22,35 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.quality.table import write
+from benchmarks.quality.table import Reference, arm_settings, write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = ["budget.max_rollouts=60", "budget.max_wall_s=900", "pools.heldout.count=20", "pools.train.count=20",
          "pools.pareto.start=20", "pools.pareto.count=10"]
+
+
+def default_arms(quick: bool) -> Reference:
+    """(task, algorithm) -> the settings of the runs the default command (`--quick`'s, with
+    `quick`) plans: the table names every other configuration by how it differs from them."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.config import CONFIG_DIR, load_config, run_spec
+    from harness.sweep.expand import grid, parse_sweep
+
+    overrides = ["+sweep=quality", "sweep.seeds=[0]", *(QUICK if quick else [])]
+    arms: Reference = {}
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        sweep = parse_sweep(OmegaConf.to_container(compose(config_name="config", overrides=overrides).sweep))
+        for point in grid(sweep, overrides):
+            raw = OmegaConf.to_container(compose(config_name="config", overrides=list(point.overrides)), resolve=True)
+            spec = run_spec(load_config(raw))  # type: ignore[arg-type]
+            pools = spec.pools
+            rows = {name: pools.stratify[name].count if name in pools.stratify else len(getattr(pools, name))
+                    for name in ("train", "pareto")}
+            arms[(spec.container.name, spec.algorithm.name)] = arm_settings(
+                spec.algorithm.params, rows, {name: strata.field for name, strata in pools.stratify.items()})
+    return arms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     evidence = out / "evidence"
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     title = "Optimizer quality" + (" (quick)" if args.quick else "")
+    reference = default_arms(args.quick)
     if not args.report_only:
         for seed in seeds:
             command = [sys.executable, "-m", "harness", "+sweep=quality", f"evidence_root={evidence}",
@@ -52,14 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 code = subprocess.run(command, check=False).returncode
             except KeyboardInterrupt:  # the harness stops its runs itself; keep what is done
-                write(evidence / "quality", out, title)
+                write(evidence / "quality", out, title, reference)
                 print("[quality] interrupted: run the same command again to resume", flush=True)
                 return 130
             print(f"[quality] seed {seed}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
-            write(evidence / "quality", out, title)  # the table so far, after every seed
+            write(evidence / "quality", out, title, reference)  # the table so far, after every seed
             if code not in (0, 1):  # 1: some run failed (recorded, shown in the table); else: stop here
                 return code
-    cells = write(evidence / "quality", out, title)
+    cells = write(evidence / "quality", out, title, reference)
     print((out / "summary.md").read_text())
     return 0 if cells.height else 1
 

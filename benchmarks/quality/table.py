@@ -96,29 +96,43 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
     return changed
 
 
-def _params(run_dir: Path) -> dict[str, Any]:
+def arm_settings(params: dict[str, Any], pool_rows: dict[str, int], stratified_by: dict[str, str]) -> dict[str, Any]:
     """A run's settings that can make it another arm: its algorithm's params and the sizes
     of its optimization pools (a run on more train rows is not the same arm)."""
+    return {**params, **{f"{pool}_rows": n for pool, n in sorted(pool_rows.items())},
+            **{f"{pool}_stratified_by": field for pool, field in sorted(stratified_by.items())}}
+
+
+def _settings(run_dir: Path) -> dict[str, Any]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     pools = manifest["spec"].get("pools") or {}
     used = pools_used(manifest)
-    sizes = {f"{pool}_rows": len(used[pool]) for pool in ("train", "pareto") if pool in used}
-    strata = {f"{pool}_stratified_by": pools["stratify"][pool]["field"] for pool in sorted(pools.get("stratify") or {})}
-    return {**(manifest["spec"]["algorithm"].get("params") or {}), **sizes, **strata}
+    return arm_settings(manifest["spec"]["algorithm"].get("params") or {},
+                        {pool: len(used[pool]) for pool in ("train", "pareto") if pool in used},
+                        {pool: strata["field"] for pool, strata in (pools.get("stratify") or {}).items()})
 
 
-def label_variants(rows: list[dict[str, Any]], params: list[dict[str, Any]]) -> None:
-    """Runs of one algorithm with different settings are different arms: each is named by
-    the settings that differ (a setting a run's version did not have shows as `absent`)."""
-    by_arm: dict[str, list[int]] = {}
+Reference = dict[tuple[str, str], dict[str, Any]]  # (task, algorithm) -> the settings of its default arm
+
+
+def label_variants(rows: list[dict[str, Any]], settings: list[dict[str, Any]], reference: Reference) -> None:
+    """Runs of one algorithm with different settings are different arms. Where the benchmark's
+    default command plans the task and algorithm (`reference`), its runs keep the algorithm's
+    name and every other arm is named by the settings in which it differs from them; else by
+    the settings that differ among the runs. A setting a run's version did not have shows as
+    `absent`."""
+    by_arm: dict[tuple[str, str], list[int]] = {}
     for i, row in enumerate(rows):
-        by_arm.setdefault(row["arm"], []).append(i)
-    for members in by_arm.values():
-        keys = sorted({k for i in members for k in params[i]})
-        differ = [k for k in keys if len({_setting(params[i], k) for i in members}) > 1]
+        by_arm.setdefault((row["task"], row["arm"]), []).append(i)
+    for cell, members in by_arm.items():
+        default = reference.get(cell)
+        among = sorted({k for i in members for k in settings[i]})
+        among = [k for k in among if len({_setting(settings[i], k) for i in members}) > 1]
         for i in members:
+            differ = among if default is None else [k for k in sorted(set(settings[i]) | set(default))
+                                                    if _setting(settings[i], k) != _setting(default, k)]
             if differ:
-                rows[i]["arm"] += " (" + ", ".join(f"{k}={_setting(params[i], k)}" for k in differ) + ")"
+                rows[i]["arm"] += " (" + ", ".join(f"{k}={_setting(settings[i], k)}" for k in differ) + ")"
 
 
 def _setting(params: dict[str, Any], key: str) -> str:
@@ -126,10 +140,10 @@ def _setting(params: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def runs(sweep_dir: Path) -> pl.DataFrame:
+def runs(sweep_dir: Path, reference: Reference | None = None) -> pl.DataFrame:
     dirs = [p.parent for p in sorted(sweep_dir.glob("*/manifest.json"))]
     rows = [run_row(d) for d in dirs]
-    label_variants(rows, [_params(d) for d in dirs])
+    label_variants(rows, [_settings(d) for d in dirs], reference or {})
     schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "wall_s", "optimize_s")} | {
         c: pl.Int64 for c in ("seed", "heldout_rows", "failed_heldout_rows", "rollouts", "proposals", "accepted")}
     frame = pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None) if rows else pl.DataFrame(
@@ -185,7 +199,8 @@ def pick_notes(sweep_dir: Path, per_run: pl.DataFrame) -> list[str]:
     return notes
 
 
-def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list[str] | None = None) -> str:
+def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list[str] | None = None,
+             named_from_default: bool = False) -> str:
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
@@ -195,6 +210,9 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
              "prompt's, on the same heldout rows. Mean over seeds with a 95% percentile bootstrap interval over "
              "seeds; runs not `done` are counted apart, never as zero.", "",
              "Models (policy, proposer): " + "; ".join(f"{p}, {q}" for p, q in models), "",
+             *(["An arm named by its algorithm alone is what the default command runs; any other names the "
+                "settings in which it differs from that (`absent`: a setting the run's version did not have).", ""]
+               if named_from_default else []),
              "| task | arm | seeds | per-seed lift | mean lift [95% CI] | seed -> pick (mean) | heldout rows | "
              "rollouts | wall (min) |", "|---|---|---|---|---|---|---|---|---|"]
     for row in cells.iter_rows(named=True):
@@ -212,13 +230,14 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
     return "\n".join(lines) + "\n"
 
 
-def write(sweep_dir: Path, out_dir: Path, title: str) -> pl.DataFrame:
-    per_run = runs(sweep_dir)
+def write(sweep_dir: Path, out_dir: Path, title: str, reference: Reference | None = None) -> pl.DataFrame:
+    per_run = runs(sweep_dir, reference)
     cells = summary(per_run)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_run.write_parquet(out_dir / "runs.parquet")
     if cells.height:
         cells.write_parquet(out_dir / "summary.parquet")
-    text = markdown(per_run, cells, title, pick_notes(sweep_dir, per_run)) if cells.height else f"# {title}\n\nno runs yet\n"
+    text = markdown(per_run, cells, title, pick_notes(sweep_dir, per_run), named_from_default=bool(reference)) \
+        if cells.height else f"# {title}\n\nno runs yet\n"
     (out_dir / "summary.md").write_text(text)
     return cells
