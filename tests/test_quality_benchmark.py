@@ -11,7 +11,9 @@ import polars as pl
 import pytest
 
 from benchmarks.quality.__main__ import default_arms, main
-from benchmarks.quality.table import bootstrap_ci, label_variants, pick_changes, runs, summary, top_answer
+from benchmarks.quality.table import (
+    bootstrap_ci, label_variants, markdown, pick_changes, runs, summary, top_answer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +119,36 @@ def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) ->
     # against what `--quick` plans (composed from the configs): its own runs are the default arms
     arms = runs(sweep, default_arms(quick=True)).select("arm", "run_id").rows()
     assert sorted(arm for arm, _ in arms) == ["gepa", "gepa (train_rows=100)", "seed_only"]
+
+
+def test_a_run_that_scored_more_candidates_shows_the_best_of_them_as_test_set_selection(quick: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Beside the pick, never in its place: the best heldout score among the candidates a run
+    scored there, in a column and note of its own; runs that scored only their pick show none."""
+    sweep = tmp_path / "quality"
+    shutil.copytree(quick / "evidence" / "quality", sweep)
+    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
+                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
+    wider = sweep / "top-k"
+    shutil.copytree(gepa_dir, wider)
+    manifest = json.loads((wider / "manifest.json").read_text())
+    seed_id, pick_id = manifest["seed_candidate_id"], manifest["best_candidate_id"]
+    scores = {h["candidate_id"]: h["heldout_score"] for h in manifest["heldout"]}
+    better = dict(manifest["heldout"][-1], candidate_id="c9999", heldout_score=scores[pick_id] + 0.25)
+    manifest.update(run_id="top-k", heldout=[*manifest["heldout"], better],
+                    spec={**manifest["spec"], "heldout_candidates": 2})
+    (wider / "manifest.json").write_text(json.dumps(manifest))
+    per_run = runs(sweep, default_arms(quick=True))
+    top_k = per_run.filter(pl.col("run_id") == "top-k").row(0, named=True)
+    assert top_k["arm"] == "gepa (heldout_candidates=2)"
+    assert top_k["lift"] == pytest.approx(scores[pick_id] - scores[seed_id])  # the headline stays the pick's
+    assert top_k["posthoc_id"] == "c9999" and top_k["posthoc_lift"] == pytest.approx(top_k["lift"] + 0.25)
+    default = per_run.filter(pl.col("arm") == "gepa").row(0, named=True)
+    assert default["posthoc_id"] is None and default["posthoc_lift"] is None
+    table = markdown(per_run, summary(per_run), "t")
+    row = next(line for line in table.splitlines() if line.startswith("| heart_disease | gepa (heldout_candidates=2) |"))
+    assert f"| {top_k['posthoc_lift']:+.3f} |" in row
+    assert next(line for line in table.splitlines() if line.startswith("| heart_disease | gepa |")).count("| - |") == 1
 
 
 def test_the_most_common_answer_counts_only_scored_heldout_rows_of_the_candidate(tmp_path: Path) -> None:

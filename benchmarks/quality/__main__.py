@@ -49,7 +49,8 @@ def default_arms(quick: bool) -> Reference:
             rows = {name: pools.stratify[name].count if name in pools.stratify else len(getattr(pools, name))
                     for name in ("train", "pareto")}
             arms[(spec.container.name, spec.algorithm.name)] = arm_settings(
-                spec.algorithm.params, rows, {name: strata.field for name, strata in pools.stratify.items()})
+                spec.algorithm.params, rows, {name: strata.field for name, strata in pools.stratify.items()},
+                spec.heldout_candidates)
     return arms
 
 

@@ -19,8 +19,8 @@ from harness.evidence.reader import pools_used
 
 BOOTSTRAP_RESAMPLES = 10_000
 RUN_COLUMNS = ("task", "arm", "seed", "status", "policy", "proposer", "seed_heldout", "pick_heldout", "lift",
-               "heldout_rows", "failed_heldout_rows", "pick_id", "rollouts", "proposals", "accepted", "wall_s",
-               "optimize_s", "stop_reason", "run_id")
+               "heldout_rows", "failed_heldout_rows", "pick_id", "posthoc_id", "posthoc_lift", "rollouts", "proposals",
+               "accepted", "wall_s", "optimize_s", "stop_reason", "run_id")
 
 
 def _heldout_rows(run_dir: Path, candidate_id: str | None) -> pl.DataFrame | None:
@@ -51,12 +51,18 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     done = manifest["status"] == "done" and seed_score is not None and pick_score is not None
     scored, failed = _scored_rows(run_dir, pick_id)
     timings = manifest.get("timings", {})
+    # a run that scored more candidates than its seed and pick on heldout (heldout_candidates):
+    # the best of them all, which only a look at the test rows could choose (the pick where it ties)
+    scored_on_heldout = {c: v for c, v in heldout.items() if v is not None}
+    posthoc_id = max(scored_on_heldout, key=lambda c: (scored_on_heldout[c], c == pick_id)) \
+        if done and set(heldout) - {seed_id, pick_id} else None
     return {
         "task": spec["container"]["name"], "arm": spec["algorithm"]["name"], "seed": spec["seed"],
         "status": manifest["status"], "policy": spec["policy"]["model"], "proposer": spec["proposer"]["model"],
         "seed_heldout": seed_score, "pick_heldout": pick_score,
         "lift": (pick_score - seed_score) if done else None,
-        "heldout_rows": scored, "failed_heldout_rows": failed, "pick_id": pick_id,
+        "heldout_rows": scored, "failed_heldout_rows": failed, "pick_id": pick_id, "posthoc_id": posthoc_id,
+        "posthoc_lift": scored_on_heldout[posthoc_id] - seed_score if posthoc_id is not None else None,
         "rollouts": totals.get("rollouts"), "proposals": totals.get("proposals"),
         "accepted": totals.get("proposals_accepted"), "wall_s": timings.get("wall_s"),
         "optimize_s": timings.get("optimize_s"), "stop_reason": manifest.get("stop_reason"),
@@ -96,11 +102,14 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
     return changed
 
 
-def arm_settings(params: dict[str, Any], pool_rows: dict[str, int], stratified_by: dict[str, str]) -> dict[str, Any]:
-    """A run's settings that can make it another arm: its algorithm's params and the sizes
-    of its optimization pools (a run on more train rows is not the same arm)."""
+def arm_settings(params: dict[str, Any], pool_rows: dict[str, int], stratified_by: dict[str, str],
+                 heldout_candidates: Any) -> dict[str, Any]:
+    """A run's settings that can make it another arm: its algorithm's params, the sizes of
+    its optimization pools (a run on more train rows is not the same arm) and which
+    candidates it scores on heldout (a run with the same seed is a run of its own)."""
     return {**params, **{f"{pool}_rows": n for pool, n in sorted(pool_rows.items())},
-            **{f"{pool}_stratified_by": field for pool, field in sorted(stratified_by.items())}}
+            **{f"{pool}_stratified_by": field for pool, field in sorted(stratified_by.items())},
+            "heldout_candidates": heldout_candidates}
 
 
 def _settings(run_dir: Path) -> dict[str, Any]:
@@ -109,7 +118,8 @@ def _settings(run_dir: Path) -> dict[str, Any]:
     used = pools_used(manifest)
     return arm_settings(manifest["spec"]["algorithm"].get("params") or {},
                         {pool: len(used[pool]) for pool in ("train", "pareto") if pool in used},
-                        {pool: strata["field"] for pool, strata in (pools.get("stratify") or {}).items()})
+                        {pool: strata["field"] for pool, strata in (pools.get("stratify") or {}).items()},
+                        manifest["spec"].get("heldout_candidates", "best"))
 
 
 Reference = dict[tuple[str, str], dict[str, Any]]  # (task, algorithm) -> the settings of its default arm
@@ -144,7 +154,7 @@ def runs(sweep_dir: Path, reference: Reference | None = None) -> pl.DataFrame:
     dirs = [p.parent for p in sorted(sweep_dir.glob("*/manifest.json"))]
     rows = [run_row(d) for d in dirs]
     label_variants(rows, [_settings(d) for d in dirs], reference or {})
-    schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "wall_s", "optimize_s")} | {
+    schema = {c: pl.Float64 for c in ("seed_heldout", "pick_heldout", "lift", "posthoc_lift", "wall_s", "optimize_s")} | {
         c: pl.Int64 for c in ("seed", "heldout_rows", "failed_heldout_rows", "rollouts", "proposals", "accepted")}
     frame = pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None) if rows else pl.DataFrame(
         schema={c: schema.get(c, pl.Utf8) for c in RUN_COLUMNS})
@@ -173,6 +183,7 @@ def summary(per_run: pl.DataFrame) -> pl.DataFrame:
             "lifts": ", ".join(f"s{s}: {v:+.3f}" for s, v in zip(done["seed"], lifts)),
             "seed_heldout_mean": done["seed_heldout"].mean(), "pick_heldout_mean": done["pick_heldout"].mean(),
             "lift_mean": float(np.mean(lifts)) if lifts else None, "lift_lo": lo, "lift_hi": hi,
+            "posthoc_runs": done["posthoc_lift"].drop_nulls().len(), "posthoc_lift_mean": done["posthoc_lift"].mean(),
             "heldout_rows": done["heldout_rows"].min(), "rollouts_mean": done["rollouts"].mean(),
             "wall_s_mean": done["wall_s"].mean(),
         })
@@ -187,6 +198,8 @@ def pick_notes(sweep_dir: Path, per_run: pl.DataFrame) -> list[str]:
         manifest = json.loads((run_dir / "manifest.json").read_text())
         changes = pick_changes(run_dir, manifest.get("seed_candidate_id"), row["pick_id"])
         head = f"- {row['task']} / {row['arm']} / seed {row['seed']}: pick `{row['pick_id']}`, lift {row['lift']:+.3f}"
+        if row["posthoc_id"] is not None:
+            head += f" (test-set selection: `{row['posthoc_id']}`, {row['posthoc_lift']:+.3f})"
         if not changes:
             notes.append(head + ": the seed prompt itself")
             continue
@@ -204,6 +217,12 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
+    def posthoc(row: dict[str, Any]) -> str:
+        if not row["posthoc_runs"]:
+            return "-"
+        of = f" ({row['posthoc_runs']} of {row['seeds_done']} runs)" if row["posthoc_runs"] < row["seeds_done"] else ""
+        return f"{row['posthoc_lift_mean']:+.3f}{of}"
+
     models = per_run.select("policy", "proposer").unique().rows()
     lines = [f"# {title}", "",
              "Lift = heldout score of the run's own pick (chosen before any heldout row is seen) minus the seed "
@@ -213,14 +232,19 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
              *(["An arm named by its algorithm alone is what the default command runs; any other names the "
                 "settings in which it differs from that (`absent`: a setting the run's version did not have).", ""]
                if named_from_default else []),
-             "| task | arm | seeds | per-seed lift | mean lift [95% CI] | seed -> pick (mean) | heldout rows | "
-             "rollouts | wall (min) |", "|---|---|---|---|---|---|---|---|---|"]
+             "Test-set selection: where runs scored more candidates than their pick on heldout "
+             "(`heldout_candidates`), the mean lift of the best of them on heldout, which only a look at the test "
+             "rows could have chosen: not a result of the optimizer, but how far its pick fell short of the best "
+             "candidate it had.", "",
+             "| task | arm | seeds | per-seed lift | mean lift [95% CI] | seed -> pick (mean) | test-set selection | "
+             "heldout rows | rollouts | wall (min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in cells.iter_rows(named=True):
         ci = f"{num(row['lift_mean'], '+.3f')} [{num(row['lift_lo'], '+.3f')}, {num(row['lift_hi'], '+.3f')}]"
         note = f" (+{row['runs_not_done']} not done)" if row["runs_not_done"] else ""
         wall = None if row["wall_s_mean"] is None else row["wall_s_mean"] / 60
         lines.append(f"| {row['task']} | {row['arm']} | {row['seeds_done']}{note} | {row['lifts'] or '-'} | {ci} | "
                      f"{num(row['seed_heldout_mean'], '.3f')} -> {num(row['pick_heldout_mean'], '.3f')} | "
+                     f"{posthoc(row)} | "
                      f"{num(row['heldout_rows'], 'd')} | {num(row['rollouts_mean'], '.0f')} | {num(wall, '.1f')} |")
     if notes:
         lines += ["", "## What each run's pick changed", "",
