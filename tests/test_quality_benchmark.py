@@ -25,6 +25,18 @@ def quick(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     return out
 
 
+def copy_of_the_gepa_run(quick: Path, tmp_path: Path, run_id: str) -> tuple[Path, Path, dict]:
+    """(the quick sweep copied, a copy of its GEPA run in it under `run_id`, that copy's manifest
+    to edit and write back)."""
+    sweep = tmp_path / "quality"
+    shutil.copytree(quick / "evidence" / "quality", sweep)
+    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
+                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
+    copy = sweep / run_id
+    shutil.copytree(gepa_dir, copy)
+    return sweep, copy, {**json.loads((copy / "manifest.json").read_text()), "run_id": run_id}
+
+
 def test_quick_benchmark_writes_the_table_from_the_evidence(quick: Path) -> None:
     per_run = pl.read_parquet(quick / "runs.parquet")
     assert sorted(per_run.select("arm", "seed", "status").rows()) == [("gepa", 0, "done"), ("seed_only", 0, "done")]
@@ -47,14 +59,8 @@ def test_quick_benchmark_writes_the_table_from_the_evidence(quick: Path) -> None
 
 
 def test_a_run_that_is_not_done_is_counted_apart_never_as_zero(quick: Path, tmp_path: Path) -> None:
-    sweep = tmp_path / "quality"
-    shutil.copytree(quick / "evidence" / "quality", sweep)
-    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
-                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
-    failed = tmp_path / "quality" / "failed-run"
-    shutil.copytree(gepa_dir, failed)
-    manifest = json.loads((failed / "manifest.json").read_text())
-    manifest.update(status="failed", run_id="failed-run", heldout=[], spec={**manifest["spec"], "seed": 1})
+    sweep, failed, manifest = copy_of_the_gepa_run(quick, tmp_path, "failed-run")
+    manifest.update(status="failed", heldout=[], spec={**manifest["spec"], "seed": 1})
     (failed / "manifest.json").write_text(json.dumps(manifest))
     cells = summary(runs(sweep)).filter(pl.col("arm") == "gepa").row(0, named=True)
     assert cells["seeds_done"] == 1 and cells["runs_not_done"] == 1
@@ -102,15 +108,9 @@ def test_arms_are_named_by_how_they_differ_from_the_default_command() -> None:
 
 
 def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) -> None:
-    sweep = tmp_path / "quality"
-    shutil.copytree(quick / "evidence" / "quality", sweep)
-    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
-                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
-    wider = sweep / "wider-run"
-    shutil.copytree(gepa_dir, wider)
-    manifest = json.loads((wider / "manifest.json").read_text())
+    sweep, wider, manifest = copy_of_the_gepa_run(quick, tmp_path, "wider-run")
     train = [f"train:{i}" for i in range(100, 200)]
-    manifest.update(run_id="wider-run", spec={**manifest["spec"], "pools": {**manifest["spec"]["pools"], "train": train}},
+    manifest.update(spec={**manifest["spec"], "pools": {**manifest["spec"]["pools"], "train": train}},
                     pools_used={**manifest["pools_used"], "train": train})
     (wider / "manifest.json").write_text(json.dumps(manifest))
     arms = runs(sweep).select("arm", "run_id").rows()
@@ -125,19 +125,12 @@ def test_a_run_that_scored_more_candidates_shows_the_best_of_them_as_test_set_se
                                                                                        tmp_path: Path) -> None:
     """Beside the pick, never in its place: the best heldout score among the candidates a run
     scored there, in a column and note of its own; runs that scored only their pick show none."""
-    sweep = tmp_path / "quality"
-    shutil.copytree(quick / "evidence" / "quality", sweep)
-    gepa_dir = next(p.parent for p in sweep.glob("*/manifest.json")
-                    if json.loads(p.read_text())["spec"]["algorithm"]["name"] == "gepa")
-    wider = sweep / "top-k"
-    shutil.copytree(gepa_dir, wider)
-    manifest = json.loads((wider / "manifest.json").read_text())
+    sweep, top_k_dir, manifest = copy_of_the_gepa_run(quick, tmp_path, "top-k")
     seed_id, pick_id = manifest["seed_candidate_id"], manifest["best_candidate_id"]
     scores = {h["candidate_id"]: h["heldout_score"] for h in manifest["heldout"]}
     better = dict(manifest["heldout"][-1], candidate_id="c9999", heldout_score=scores[pick_id] + 0.25)
-    manifest.update(run_id="top-k", heldout=[*manifest["heldout"], better],
-                    spec={**manifest["spec"], "heldout_candidates": 2})
-    (wider / "manifest.json").write_text(json.dumps(manifest))
+    manifest.update(heldout=[*manifest["heldout"], better], spec={**manifest["spec"], "heldout_candidates": 2})
+    (top_k_dir / "manifest.json").write_text(json.dumps(manifest))
     per_run = runs(sweep, default_arms(quick=True))
     top_k = per_run.filter(pl.col("run_id") == "top-k").row(0, named=True)
     assert top_k["arm"] == "gepa (heldout_candidates=2)"
