@@ -288,3 +288,17 @@ def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path)
     rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
     assert {k: r["status"] for k, r in rows.items()} == {"a": "pending", "b": "failed", "c": "skipped"}
     assert rows["b"]["error"] == "container exited with code 3"
+
+
+def test_a_driver_killed_mid_write_leaves_no_temporary_for_the_next(tmp_path) -> None:
+    """SIGKILL between atomic_write's temporary and its move leaves `.index.parquet.<id>.tmp`;
+    the next invocation's store deletes such temporaries of its own files, nothing else."""
+    sweep = tmp_path / "s"
+    sweep.mkdir()
+    dead = [sweep / ".index.parquet.0123abcd.tmp", sweep / ".sweep.json.4567ef.tmp"]
+    kept = [sweep / "notes.tmp", sweep / "index.parquet", sweep / "run" / ".manifest.json.89ab.tmp"]
+    for path in dead + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    SweepStore(str(tmp_path), "s").drop_dead_temporaries()
+    assert [p.exists() for p in dead] == [False, False] and all(p.exists() for p in kept)

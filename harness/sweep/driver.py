@@ -52,6 +52,7 @@ def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, con
 
     store = SweepStore(base.evidence_root, sweep.name)
     store.check_writable()
+    store.drop_dead_temporaries()  # a driver killed mid-write left them
     # before any run: a missing extra or a store that does not open is one line; a new SQLite
     # store is created here once, not by several workers at the same time
     tracking = open_target(base.tracking, base.evidence_root, sweep.name)

@@ -4,6 +4,7 @@ sweep, its expected grid and the parity controls), each written atomically."""
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,21 @@ class SweepStore:
 
     def run_location(self, run_id: str) -> EvidenceLocation:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
+
+    def drop_dead_temporaries(self) -> None:
+        """Delete the temporaries of the index and sweep.json that a driver killed mid-write
+        left beside them (atomic_write names them `.<file>.<id>.tmp`); one driver writes a
+        sweep folder at a time, so none of them belongs to a live write."""
+        try:
+            entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
+        except OSError:
+            return
+        for entry in entries:
+            name = entry.base_name
+            if entry.type == pafs.FileType.File and name.endswith(".tmp") and name.startswith(
+                    (".index.parquet.", ".sweep.json.")):
+                with suppress(OSError):
+                    self.fs.delete_file(entry.path)
 
     def _atomic(self, name: str, data: bytes) -> None:
         try:
