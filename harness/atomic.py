@@ -4,11 +4,31 @@ store (a pyarrow filesystem), so a reader or a crash never sees half of it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from pathlib import Path
 
 import pyarrow.fs as pafs
+
+
+_TEMPORARY = ".{name}.{id}.tmp"
+
+
+def drop_dead_temporaries(directory: str, names: Iterable[str], fs: pafs.FileSystem | None = None) -> None:
+    """Delete the temporaries a process killed inside atomic_write left beside the files
+    `names` of `directory`. Only for a caller that knows no write of those files is live
+    (a sweep driver that holds its folder, a run about to write its own checkpoint)."""
+    fs = fs or pafs.LocalFileSystem()
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except OSError:
+        return
+    prefixes = tuple(f".{name}." for name in names)
+    for entry in entries:
+        if entry.type == pafs.FileType.File and entry.base_name.startswith(prefixes) and \
+                entry.base_name.endswith(".tmp"):
+            with suppress(OSError):
+                fs.delete_file(entry.path)
 
 
 def atomic_write(path: str | Path, content: bytes | Callable[[str], None],
@@ -21,7 +41,7 @@ def atomic_write(path: str | Path, content: bytes | Callable[[str], None],
     target = str(Path(path).absolute()) if isinstance(fs, pafs.LocalFileSystem) else str(path)
     directory, _, name = target.rpartition("/")
     # a name of its own per write: two writers of one file never share a temporary
-    temp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+    temp = f"{directory}/{_TEMPORARY.format(name=name, id=uuid.uuid4().hex)}"
     try:
         fs.create_dir(directory, recursive=True)
         if isinstance(content, bytes):

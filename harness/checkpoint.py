@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.atomic import atomic_write
+from harness.atomic import atomic_write, drop_dead_temporaries
 from harness.evidence.writer import EvidenceLocation
 
 CHECKPOINT_VERSION = 1
@@ -41,7 +41,10 @@ class CheckpointStore:
 
     def load(self) -> RunCheckpoint | None:
         """The run's checkpoint, or None when there is none or it cannot be used (then it is
-        removed: the run starts over, as it would have without one)."""
+        removed: the run starts over, as it would have without one). A run loads its
+        checkpoint once, as it starts, when no write of it can be live: the temporaries of
+        a process killed while it saved go here."""
+        drop_dead_temporaries(self.dir, (f"{self.run_id}.json",), self.fs)
         if self.fs.get_file_info(self.path).type != pafs.FileType.File:
             return None
         try:

@@ -291,14 +291,48 @@ def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path)
 
 
 def test_a_driver_killed_mid_write_leaves_no_temporary_for_the_next(tmp_path) -> None:
-    """SIGKILL between atomic_write's temporary and its move leaves `.index.parquet.<id>.tmp`;
-    the next invocation's store deletes such temporaries of its own files, nothing else."""
+    """SIGKILL between atomic_write's temporary and its move leaves `.index.parquet.<id>.tmp`
+    (or one inside check_writable, its probe); the next driver, holding the folder, deletes
+    those of its own files and nothing else: a run's checkpoint temporaries are the run's."""
     sweep = tmp_path / "s"
     sweep.mkdir()
-    dead = [sweep / ".index.parquet.0123abcd.tmp", sweep / ".sweep.json.4567ef.tmp"]
-    kept = [sweep / "notes.tmp", sweep / "index.parquet", sweep / "run" / ".manifest.json.89ab.tmp"]
+    dead = [sweep / ".index.parquet.0123abcd.tmp", sweep / ".sweep.json.4567ef.tmp", sweep / ".write-probe-89ab"]
+    kept = [sweep / "notes.tmp", sweep / "index.parquet", sweep / "run" / ".manifest.json.89ab.tmp",
+            sweep / ".checkpoints" / ".r1.json.cdef.tmp"]
     for path in dead + kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"partial")
-    SweepStore(str(tmp_path), "s").drop_dead_temporaries()
-    assert [p.exists() for p in dead] == [False, False] and all(p.exists() for p in kept)
+    store = SweepStore(str(tmp_path), "s")
+    with store.held():
+        store.drop_dead_temporaries()
+    assert [p.exists() for p in dead] == [False, False, False] and all(p.exists() for p in kept)
+
+
+def test_a_run_killed_while_it_saved_its_checkpoint_leaves_no_temporary(tmp_path) -> None:
+    """The run's next start deletes its own checkpoint temporaries as it loads; another
+    run's (perhaps being written now) stay."""
+    checkpoints = tmp_path / "s" / ".checkpoints"
+    checkpoints.mkdir(parents=True)
+    own, other = checkpoints / ".r1.json.0123abcd.tmp", checkpoints / ".r2.json.4567ef01.tmp"
+    for path in (own, other):
+        path.write_bytes(b'{"version": 1, "run_id": "r1"')
+    assert CheckpointStore(EvidenceLocation(str(tmp_path), "s", "r1"), "r1").load() is None
+    assert not own.exists() and other.exists()
+
+
+def test_a_second_driver_of_a_sweep_stops_before_it_writes(tmp_path, data_dir) -> None:
+    """While one driver holds the sweep folder, the same sweep started again is one error
+    line naming the folder, and the folder is as it was; once the first lets go, it runs."""
+    evidence = tmp_path / "evidence"
+    store = SweepStore(str(evidence), "smoke")
+    store.check_writable()
+    overrides = ("sweep.containers=[banking77]", "sweep.seeds=[0]", "budget.max_rollouts=20")
+    with store.held():
+        second = run_sweep(evidence, data_dir, *overrides, timeout=120)
+        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+        errors = [line for line in second.stdout.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: sweep folder {evidence}/smoke is in use by another sweep driver; wait for it to "
+                          "end, or give this sweep another name"], second.stdout[-3000:]
+        assert sorted(p.name for p in (evidence / "smoke").iterdir()) in ([], ["logs"])
+    assert run_sweep(evidence, data_dir, *overrides).returncode == 0
+    assert [r["status"] for r in index_rows(evidence / "smoke")] == ["done"]

@@ -24,6 +24,7 @@ from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
+WRITE_PROBE = ".write-probe-"  # check_writable's file, named so that a dead one can be told
 
 
 class EvidenceLocation:
@@ -102,7 +103,7 @@ class EvidenceLocation:
 
     def check_writable(self) -> None:
         """Fail before any work if evidence cannot be written."""
-        probe = f"{self.sweep_dir}/.write-probe-{uuid.uuid4().hex}"
+        probe = f"{self.sweep_dir}/{WRITE_PROBE}{uuid.uuid4().hex}"
         try:
             self.fs.create_dir(self.sweep_dir, recursive=True)
             with self.fs.open_output_stream(probe) as stream:

@@ -44,15 +44,21 @@ def _parity(runs: list[PlannedRun]) -> dict[str, Any]:
 
 
 def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, console: Console) -> int:
+    store = SweepStore(base.evidence_root, sweep.name)
+    store.check_writable()
+    with store.held():  # a second driver of this sweep stops here, before it writes anything
+        store.drop_dead_temporaries()  # a driver killed mid-write left them
+        return _drive(sweep, runs, base, console, store)
+
+
+def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, console: Console,
+           store: SweepStore) -> int:
     import ray
 
     from harness.pricing import PRICE_TABLE_VERSION
     from harness.sweep.limits import EndpointLimiter
     from harness.sweep.worker import RunWorker, SweepBoard
 
-    store = SweepStore(base.evidence_root, sweep.name)
-    store.check_writable()
-    store.drop_dead_temporaries()  # a driver killed mid-write left them
     # before any run: a missing extra or a store that does not open is one line; a new SQLite
     # store is created here once, not by several workers at the same time
     tracking = open_target(base.tracking, base.evidence_root, sweep.name)

@@ -3,8 +3,11 @@ sweep, its expected grid and the parity controls), each written atomically."""
 
 from __future__ import annotations
 
+import fcntl
 import json
-from contextlib import suppress
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from harness.atomic import atomic_write
+from harness.atomic import atomic_write, drop_dead_temporaries
 from harness.errors import HarnessError
 from harness.evidence.reader import first_line
-from harness.evidence.writer import EvidenceLocation
+from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -67,18 +70,40 @@ class SweepStore:
     def run_location(self, run_id: str) -> EvidenceLocation:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
 
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The sweep folder for this driver alone, until the block ends or the process dies.
+        A second driver of the same sweep would run the same runs into the same directories
+        and overwrite the index, so it stops here with one line. An flock on the folder
+        itself (no lock file to leave behind); an object store, or a file system without
+        flock, has no such lock, and one driver per sweep is then the user's to keep."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            yield
+            return
+        folder = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise HarnessError(f"sweep folder {self.dir} is in use by another sweep driver; wait for it "
+                                   "to end, or give this sweep another name") from None
+            except OSError:
+                pass  # no flock here (e.g. some network file systems): unlocked, as on an object store
+            yield
+        finally:
+            os.close(folder)  # releases the lock
+
     def drop_dead_temporaries(self) -> None:
-        """Delete the temporaries of the index and sweep.json that a driver killed mid-write
-        left beside them (atomic_write names them `.<file>.<id>.tmp`); one driver writes a
-        sweep folder at a time, so none of them belongs to a live write."""
+        """Delete what a driver killed mid-write left beside the index and sweep.json: their
+        atomic_write temporaries and write probes. Called while the folder is `held`, so
+        none of them belongs to a live write."""
+        drop_dead_temporaries(self.dir, ("index.parquet", "sweep.json"), self.fs)
         try:
             entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
         except OSError:
             return
         for entry in entries:
-            name = entry.base_name
-            if entry.type == pafs.FileType.File and name.endswith(".tmp") and name.startswith(
-                    (".index.parquet.", ".sweep.json.")):
+            if entry.type == pafs.FileType.File and entry.base_name.startswith(WRITE_PROBE):
                 with suppress(OSError):
                     self.fs.delete_file(entry.path)
 
