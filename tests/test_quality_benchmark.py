@@ -48,7 +48,7 @@ def test_quick_benchmark_writes_the_table_from_the_evidence(quick: Path) -> None
     assert 0 < gepa["rollouts"] <= 60
     table = (quick / "summary.md").read_text()
     assert "| heart_disease | gepa | 1 | s0: " in table and "scripted-rules" in table
-    assert "An arm named by its algorithm alone is what the default command runs" in table
+    assert "An arm named by its algorithm alone runs what the default command runs" in table
     # what the pick changed, per optimizing run (the control arm has none to show)
     assert "## What each run's pick changed" in table
     note = next(line for line in table.splitlines() if line.startswith("- heart_disease / gepa / seed 0: pick "))
@@ -121,6 +121,17 @@ def test_runs_on_other_pool_sizes_are_other_arms(quick: Path, tmp_path: Path) ->
     assert sorted(arm for arm, _ in arms) == ["gepa", "gepa (train_rows=100)", "seed_only"]
 
 
+def test_runs_on_another_budget_are_another_arm(quick: Path, tmp_path: Path) -> None:
+    """Not pooled into the default's mean: the budget names an arm too."""
+    sweep, richer, manifest = copy_of_the_gepa_run(quick, tmp_path, "richer")
+    spec = manifest["spec"]
+    (richer / "manifest.json").write_text(json.dumps({**manifest, "spec": {
+        **spec, "budget": {**spec["budget"], "max_rollouts": 90}}}))
+    arms = dict(runs(sweep, default_arms(quick=True)).select("run_id", "arm").rows())
+    assert arms["richer"] == "gepa (max_rollouts=90)"
+    assert sorted(arms.values()) == ["gepa", "gepa (max_rollouts=90)", "seed_only"]
+
+
 def test_a_run_that_scored_more_candidates_shows_the_best_of_them_as_test_set_selection(quick: Path,
                                                                                        tmp_path: Path) -> None:
     """Beside the pick, never in its place: the best heldout score among the candidates a run
@@ -129,9 +140,17 @@ def test_a_run_that_scored_more_candidates_shows_the_best_of_them_as_test_set_se
     seed_id, pick_id = manifest["seed_candidate_id"], manifest["best_candidate_id"]
     scores = {h["candidate_id"]: h["heldout_score"] for h in manifest["heldout"]}
     better = dict(manifest["heldout"][-1], candidate_id="c9999", heldout_score=scores[pick_id] + 0.25)
+    # a run whose other candidate has no heldout score (its rollouts failed): nothing to select among
+    unscored_dir = sweep / "unscored"
+    shutil.copytree(top_k_dir, unscored_dir)
+    (unscored_dir / "manifest.json").write_text(json.dumps(
+        {**manifest, "run_id": "unscored", "heldout": [*manifest["heldout"], dict(better, heldout_score=None)],
+         "spec": {**manifest["spec"], "heldout_candidates": 3}}))
     manifest.update(heldout=[*manifest["heldout"], better], spec={**manifest["spec"], "heldout_candidates": 2})
     (top_k_dir / "manifest.json").write_text(json.dumps(manifest))
     per_run = runs(sweep, default_arms(quick=True))
+    unscored = per_run.filter(pl.col("run_id") == "unscored").row(0, named=True)
+    assert unscored["posthoc_id"] is None and unscored["posthoc_lift"] is None
     top_k = per_run.filter(pl.col("run_id") == "top-k").row(0, named=True)
     assert top_k["arm"] == "gepa (heldout_candidates=2)"
     assert top_k["lift"] == pytest.approx(scores[pick_id] - scores[seed_id])  # the headline stays the pick's

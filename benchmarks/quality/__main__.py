@@ -47,10 +47,10 @@ def default_arms(quick: bool) -> Reference:
             spec = run_spec(load_config(raw))  # type: ignore[arg-type]
             pools = spec.pools
             rows = {name: pools.stratify[name].count if name in pools.stratify else len(getattr(pools, name))
-                    for name in ("train", "pareto")}
+                    for name in ("train", "pareto", "heldout")}
             arms[(spec.container.name, spec.algorithm.name)] = arm_settings(
                 spec.algorithm.params, rows, {name: strata.field for name, strata in pools.stratify.items()},
-                spec.heldout_candidates)
+                spec.heldout_candidates, max_rollouts=spec.budget.max_rollouts)
     return arms
 
 

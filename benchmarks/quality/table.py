@@ -55,7 +55,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     # the best of them all, which only a look at the test rows could choose (the pick where it ties)
     scored_on_heldout = {c: v for c, v in heldout.items() if v is not None}
     posthoc_id = max(scored_on_heldout, key=lambda c: (scored_on_heldout[c], c == pick_id)) \
-        if done and set(heldout) - {seed_id, pick_id} else None
+        if done and set(scored_on_heldout) - {seed_id, pick_id} else None
     return {
         "task": spec["container"]["name"], "arm": spec["algorithm"]["name"], "seed": spec["seed"],
         "status": manifest["status"], "policy": spec["policy"]["model"], "proposer": spec["proposer"]["model"],
@@ -103,23 +103,25 @@ def pick_changes(run_dir: Path, seed_id: str | None, pick_id: str | None) -> lis
 
 
 def arm_settings(params: dict[str, Any], pool_rows: dict[str, int], stratified_by: dict[str, str],
-                 heldout_candidates: Any) -> dict[str, Any]:
+                 heldout_candidates: Any, *, max_rollouts: Any) -> dict[str, Any]:
     """A run's settings that can make it another arm: its algorithm's params, the sizes of
-    its optimization pools (a run on more train rows is not the same arm) and which
-    candidates it scores on heldout (a run with the same seed is a run of its own)."""
+    its pools (a run on more train rows is not the same arm), which candidates it scores on
+    heldout (a run with the same seed is a run of its own) and its budget. The models are
+    not among them: the table names the pairs its runs used."""
     return {**params, **{f"{pool}_rows": n for pool, n in sorted(pool_rows.items())},
             **{f"{pool}_stratified_by": field for pool, field in sorted(stratified_by.items())},
-            "heldout_candidates": heldout_candidates}
+            "heldout_candidates": heldout_candidates, "max_rollouts": max_rollouts}
 
 
 def _settings(run_dir: Path) -> dict[str, Any]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     pools = manifest["spec"].get("pools") or {}
     used = pools_used(manifest)
-    return arm_settings(manifest["spec"]["algorithm"].get("params") or {},
-                        {pool: len(used[pool]) for pool in ("train", "pareto") if pool in used},
+    spec = manifest["spec"]
+    return arm_settings(spec["algorithm"].get("params") or {},
+                        {pool: len(used[pool]) for pool in ("train", "pareto", "heldout") if pool in used},
                         {pool: strata["field"] for pool, strata in (pools.get("stratify") or {}).items()},
-                        manifest["spec"].get("heldout_candidates", "best"))
+                        spec.get("heldout_candidates", "best"), max_rollouts=(spec.get("budget") or {}).get("max_rollouts"))
 
 
 Reference = dict[tuple[str, str], dict[str, Any]]  # (task, algorithm) -> the settings of its default arm
@@ -229,8 +231,9 @@ def markdown(per_run: pl.DataFrame, cells: pl.DataFrame, title: str, notes: list
              "prompt's, on the same heldout rows. Mean over seeds with a 95% percentile bootstrap interval over "
              "seeds; runs not `done` are counted apart, never as zero.", "",
              "Models (policy, proposer): " + "; ".join(f"{p}, {q}" for p, q in models), "",
-             *(["An arm named by its algorithm alone is what the default command runs; any other names the "
-                "settings in which it differs from that (`absent`: a setting the run's version did not have).", ""]
+             *(["An arm named by its algorithm alone runs what the default command runs (its algorithm settings, "
+                "pool sizes, heldout candidates and budget); any other names the settings in which it differs from "
+                "that (`absent`: a setting the run's version did not have).", ""]
                if named_from_default else []),
              "Test-set selection: where runs scored more candidates than their pick on heldout "
              "(`heldout_candidates`), the mean lift of the best of them on heldout, which only a look at the test "
