@@ -11,13 +11,10 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 
-_TEMPORARY = ".{name}.{id}.tmp"
-
-
 def drop_dead_temporaries(directory: str, names: Iterable[str], fs: pafs.FileSystem | None = None) -> None:
-    """Delete the temporaries a process killed inside atomic_write left beside the files
-    `names` of `directory`. Only for a caller that knows no write of those files is live
-    (a sweep driver that holds its folder, a run about to write its own checkpoint)."""
+    """Delete the temporaries (`.<file>.<id>.tmp`) a process killed inside atomic_write left
+    beside the files `names` of `directory`. Only for a caller that knows no write of those
+    files is live (a sweep driver that holds its folder, a run about to load its checkpoint)."""
     fs = fs or pafs.LocalFileSystem()
     try:
         entries = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
@@ -41,7 +38,7 @@ def atomic_write(path: str | Path, content: bytes | Callable[[str], None],
     target = str(Path(path).absolute()) if isinstance(fs, pafs.LocalFileSystem) else str(path)
     directory, _, name = target.rpartition("/")
     # a name of its own per write: two writers of one file never share a temporary
-    temp = f"{directory}/{_TEMPORARY.format(name=name, id=uuid.uuid4().hex)}"
+    temp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"  # drop_dead_temporaries knows this name
     try:
         fs.create_dir(directory, recursive=True)
         if isinstance(content, bytes):
