@@ -1,11 +1,14 @@
 """Sweeps' Ray parts in this process, on a local Ray: the shared endpoint limiter across
-actors, and the scheduler when a worker process dies mid-run."""
+actors, the scheduler when a worker process dies mid-run, and container restarts served
+off the driver's loop."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import os
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,11 +19,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from harness.config import load_config, run_spec
+from harness.container_keeper import RestartOutcome
 from harness.run import RunOutcome
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.sweep.limits import EndpointLimiter, HolderReleased, shared_gate
-from harness.sweep.schedule import PlannedRun, index_row, schedule
+from harness.sweep.schedule import PlannedRun, RestartDesk, index_row, schedule
 from harness.sweep.store import SweepStore
 from harness.sweep.worker import SweepBoard
 
@@ -129,6 +133,41 @@ class TestInProcessRay:
         assert ray.get(waiting, timeout=10) is False
         assert ray.get(limiter.in_use.remote()) == {}
         assert ray.get(limiter.acquire.remote(["a", "b"], "next"), timeout=10) is True
+
+    def test_a_slow_container_restart_does_not_hold_the_driver_loop(self):
+        """The driver's poll hands a run's restart request to the desk and returns while the
+        container is still starting; the same request is not served twice, and the run gets
+        the outcome once the restart is done."""
+        board = SweepBoard.remote()
+        started, release = threading.Event(), threading.Event()
+        calls: list[str] = []
+
+        def revive(url: str) -> bool:  # a container that takes its time to start
+            calls.append(url)
+            started.set()
+            assert release.wait(60)
+            return True
+
+        desk = RestartDesk(board, revive, Console(file=io.StringIO()))
+        try:
+            ticket = ray.get(board.request_restart.remote("http://container"))
+            desk.poll()
+            assert started.wait(30)  # the restart is under way, and the poll has returned
+            desk.poll()
+            assert ray.get(board.restart_status.remote("http://container", ticket)) is None
+            release.set()
+            answer = None
+            for _ in range(600):
+                answer = ray.get(board.restart_status.remote("http://container", ticket))
+                if answer is not None:
+                    break
+                time.sleep(0.05)
+            assert answer is not None and RestartOutcome.model_validate_json(answer).restarted
+            desk.poll()  # served: nothing left to take
+            assert calls == ["http://container"]
+        finally:
+            release.set()
+            desk.close()
 
     def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
         """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -198,7 +201,9 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
         rows[run.spec.run_id] = index_row(run.spec, "failed", outcome, attempts.get(run.spec.run_id, 0))
 
     counts = run_counts(rows)
-    with SweepStatus(console, status_line(counts, {}, started), counts, every_s=base.progress_every_s) as live:
+    restarts = RestartDesk(board, revive, console)
+    with SweepStatus(console, status_line(counts, {}, started), counts, every_s=base.progress_every_s) as live, \
+            closing(restarts):
         while queue or in_flight:
             for run in [r for r in queue if not placement.placeable(r.spec)]:  # its nodes are all gone
                 queue.remove(run)
@@ -212,7 +217,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
             if not in_flight:
                 continue
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
-            _serve_restarts(board, revive, console)
+            restarts.poll()
             for ref in ready:
                 run, actor, slot = in_flight.pop(ref)
                 run_id = run.spec.run_id
@@ -253,17 +258,50 @@ def _node_fields(slot: Any, lost_on: list[str] | None, placement: Any) -> dict[s
             "moved_from": ",".join(placement.label(n) for n in lost_on) if lost_on else None}
 
 
-def _serve_restarts(board: Any, revive: Callable[[str], bool] | None, console: Console) -> None:
-    import ray
+class RestartDesk:
+    """The runs' requests to restart a container, served off the driver's loop: a restart
+    takes as long as the container's start (for one that hangs, its whole startup wait),
+    and meanwhile the loop goes on collecting finished runs and starting new ones. One
+    restart at a time (Services.revive takes them in turn anyway); a request made while its
+    container restarts is served after that, when revive finds the new process answering."""
 
-    for url, ticket in ray.get(board.take_restarts.remote()):
-        if revive is None:
-            outcome = RestartOutcome(error=f"container at {url} stopped answering; this sweep cannot restart containers")
-        else:
-            outcome = RestartOutcome.of(revive, url)
-            if outcome.restarted:
-                console.print(f"restarted the container at {url}: it had stopped answering", highlight=False)
-        board.restart_done.remote(url, ticket, outcome.model_dump_json())
+    def __init__(self, board: Any, revive: Callable[[str], bool] | None, console: Console):
+        self._board, self._revive, self._console = board, revive, console
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="container-restart")
+        self._serving: set[str] = set()  # urls with a restart under way
+        self._lock = threading.Lock()
+
+    def poll(self) -> None:
+        import ray
+
+        for url, ticket in ray.get(self._board.take_restarts.remote()):
+            with self._lock:
+                if url in self._serving:
+                    continue
+                self._serving.add(url)
+            self._pool.submit(self._serve, url, ticket)
+
+    def _serve(self, url: str, ticket: int) -> None:
+        import ray
+
+        try:
+            if self._revive is None:
+                outcome = RestartOutcome(error=f"container at {url} stopped answering; this sweep cannot restart "
+                                               "containers")
+            else:
+                outcome = RestartOutcome.of(self._revive, url)
+                if outcome.restarted:
+                    self._console.print(f"restarted the container at {url}: it had stopped answering",
+                                        highlight=False)
+            # answered before the url is free again, so the next poll sees this ticket served
+            ray.get(self._board.restart_done.remote(url, ticket, outcome.model_dump_json()))
+        finally:
+            with self._lock:
+                self._serving.discard(url)
+
+    def close(self) -> None:
+        """Wait for a restart under way: the services it starts must not outlive the sweep's."""
+        self._pool.shutdown(wait=True)
 
 
 def _ray_error(exc: Exception) -> str:
