@@ -325,13 +325,12 @@ def test_a_second_driver_of_a_sweep_stops_before_it_writes(tmp_path, data_dir) -
     line naming the folder, and the folder is as it was; once the first lets go, it runs."""
     evidence = tmp_path / "evidence"
     store = SweepStore(str(evidence), "smoke")
-    store.check_writable()
     overrides = ("sweep.containers=[banking77]", "sweep.seeds=[0]", "budget.max_rollouts=20")
     with store.held():
         second = run_sweep(evidence, data_dir, *overrides, timeout=120)
         assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
         errors = [line for line in second.stdout.splitlines() if line.startswith("error:")]
-        assert errors == [f"error: sweep folder {evidence}/smoke is in use by another sweep driver; wait for it to "
+        assert errors == [f"error: sweep folder {store.dir} is in use by another sweep driver; wait for it to "
                           "end, or give this sweep another name"], second.stdout[-3000:]
         assert sorted(p.name for p in (evidence / "smoke").iterdir()) in ([], ["logs"])
     assert run_sweep(evidence, data_dir, *overrides).returncode == 0

@@ -45,8 +45,8 @@ def _parity(runs: list[PlannedRun]) -> dict[str, Any]:
 
 def run_sweep(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, console: Console) -> int:
     store = SweepStore(base.evidence_root, sweep.name)
-    store.check_writable()
     with store.held():  # a second driver of this sweep stops here, before it writes anything
+        store.check_writable()
         store.drop_dead_temporaries()  # a driver killed mid-write left them
         return _drive(sweep, runs, base, console, store)
 

@@ -75,12 +75,17 @@ class SweepStore:
         """The sweep folder for this driver alone, until the block ends or the process dies.
         A second driver of the same sweep would run the same runs into the same directories
         and overwrite the index, so it stops here with one line. An flock on the folder
-        itself (no lock file to leave behind); an object store, or a file system without
-        flock, has no such lock, and one driver per sweep is then the user's to keep."""
+        itself (no lock file to leave behind), which holds among the processes of one host;
+        an object store, or a file system without flock, has no such lock, and one driver
+        per sweep is then the user's to keep."""
         if not isinstance(self.fs, pafs.LocalFileSystem):
             yield
             return
-        folder = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fs.create_dir(self.dir, recursive=True)
+            folder = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise HarnessError(f"evidence directory {self.dir} is not writable: {exc}") from exc
         try:
             try:
                 fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
