@@ -107,6 +107,7 @@ class Services:
         self._models: dict[tuple, tuple[object | None, str, str]] = {}  # server, url, build
         self._restarts: dict[str, int] = {}
         self._restart_lock = threading.Lock()
+        self._closing = False  # a restart under way (on another thread) starts nothing after close
         self.label = label
 
     def container_url(self, spec: ContainerSpec) -> str:
@@ -179,6 +180,8 @@ class Services:
                     return False
                 except PreflightError:
                     pass  # it exited meanwhile, or answered nothing in that time (and was stopped)
+            if self._closing:
+                raise PreflightError(f"container {name} at {url}: the services are stopping, not restarting it")
             done = self._restarts.get(url, 0)
             if done >= self.max_restarts:
                 raise PreflightError(f"container {name} at {url} died again after {done} restart(s): not restarting it")
@@ -253,6 +256,7 @@ class Services:
                          logs=self.logs_for(container_url, *model_urls), model_servers=self.servers_for(*model_urls))
 
     def close(self) -> None:
+        self._closing = True
         for process, _ in self._containers.values():
             if process is not None:
                 process.stop()

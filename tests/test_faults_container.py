@@ -371,6 +371,29 @@ def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tm
             assert services.restarts() == {url: 1} and stats(url)["pid"] != pid
 
 
+def test_services_that_close_during_a_restart_start_nothing_after(data_dir, tmp_path) -> None:
+    """A sweep stopped (Ctrl-C) while its driver restarts a hung container on another thread:
+    the services close, the restart under way gives up, and no new container comes up on
+    the port after them."""
+    services = Services(tmp_path / "logs")
+    url = services.container_url(chaos_spec(data_dir, startup_timeout_s=30))
+    os.kill(stats(url)["pid"], signal.SIGSTOP)  # hung: alive, answering nothing
+    outcome: list[RestartOutcome] = []
+    restart = threading.Thread(target=lambda: outcome.append(RestartOutcome.of(services.revive, url)))
+    restart.start()
+    deadline = time.monotonic() + 30
+    while not services._restart_lock.locked():  # the restart is under way
+        assert time.monotonic() < deadline and restart.is_alive()
+        time.sleep(0.01)
+    services.close()
+    restart.join(60)
+    assert not restart.is_alive()
+    assert outcome[0].error is not None and "stopping" in outcome[0].error, outcome
+    assert services.restarts() == {}
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)
+
+
 @pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])
 def test_a_container_that_cannot_be_restarted_fails_the_run_cleanly(data_dir, tmp_path, scripted_policy, case) -> None:
     """--die-after 6: the process exits at its 7th rollout request, and again after each

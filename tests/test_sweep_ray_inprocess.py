@@ -148,26 +148,48 @@ class TestInProcessRay:
             assert release.wait(60)
             return True
 
-        desk = RestartDesk(board, revive, Console(file=io.StringIO()))
         try:
-            ticket = ray.get(board.request_restart.remote("http://container"))
-            desk.poll()
-            assert started.wait(30)  # the restart is under way, and the poll has returned
-            desk.poll()
-            assert ray.get(board.restart_status.remote("http://container", ticket)) is None
-            release.set()
-            answer = None
-            for _ in range(600):
-                answer = ray.get(board.restart_status.remote("http://container", ticket))
-                if answer is not None:
-                    break
-                time.sleep(0.05)
-            assert answer is not None and RestartOutcome.model_validate_json(answer).restarted
-            desk.poll()  # served: nothing left to take
+            with RestartDesk(board, revive, Console(file=io.StringIO())) as desk:
+                ticket = ray.get(board.request_restart.remote("http://container"))
+                desk.poll()
+                assert started.wait(30)  # the restart is under way, and the poll has returned
+                desk.poll()
+                assert ray.get(board.restart_status.remote("http://container", ticket)) is None
+                release.set()
+                answer = None
+                for _ in range(600):
+                    answer = ray.get(board.restart_status.remote("http://container", ticket))
+                    if answer is not None:
+                        break
+                    time.sleep(0.05)
+                assert answer is not None and RestartOutcome.model_validate_json(answer).restarted
+                desk.poll()  # served: nothing left to take
             assert calls == ["http://container"]
         finally:
             release.set()
-            desk.close()
+
+    def test_ctrl_c_does_not_wait_for_a_restart_under_way(self):
+        """Leaving the loop on an exception (Ctrl-C) does not wait for the restart; the
+        services closing after it stop that container."""
+        board = SweepBoard.remote()
+        started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+        def revive(url: str) -> bool:
+            started.set()
+            release.wait(60)
+            finished.set()
+            return True
+
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with RestartDesk(board, revive, Console(file=io.StringIO())) as desk:
+                    ray.get(board.request_restart.remote("http://container"))
+                    desk.poll()
+                    assert started.wait(30)
+                    raise KeyboardInterrupt
+            assert not finished.is_set()  # the desk let go while the restart was still under way
+        finally:
+            release.set()
 
     def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
         """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the

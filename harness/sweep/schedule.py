@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -203,7 +202,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
     counts = run_counts(rows)
     restarts = RestartDesk(board, revive, console)
     with SweepStatus(console, status_line(counts, {}, started), counts, every_s=base.progress_every_s) as live, \
-            closing(restarts):
+            restarts:
         while queue or in_flight:
             for run in [r for r in queue if not placement.placeable(r.spec)]:  # its nodes are all gone
                 queue.remove(run)
@@ -263,20 +262,32 @@ class RestartDesk:
     takes as long as the container's start (for one that hangs, its whole startup wait),
     and meanwhile the loop goes on collecting finished runs and starting new ones. One
     restart at a time (Services.revive takes them in turn anyway); a request made while its
-    container restarts is served after that, when revive finds the new process answering."""
+    container restarts is served after that, when revive finds the new process answering.
+    Containers it restarts get their parent-death signal from its thread, which lives until
+    the desk closes, as the sweep's services do."""
 
     def __init__(self, board: Any, revive: Callable[[str], bool] | None, console: Console):
         self._board, self._revive, self._console = board, revive, console
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="container-restart")
-        self._serving: set[str] = set()  # urls with a restart under way
         self._lock = threading.Lock()
+        self._serving: set[str] = set()  # urls with a restart under way
+        self._served: dict[str, int] = {}  # url -> the newest ticket answered
+
+    def __enter__(self) -> "RestartDesk":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        # at the loop's end no run waits on a restart; on Ctrl-C (or an error) what is queued
+        # goes, and one under way stops when the services close and its process with them
+        self._pool.shutdown(wait=kind is None, cancel_futures=kind is not None)
 
     def poll(self) -> None:
         import ray
 
         for url, ticket in ray.get(self._board.take_restarts.remote()):
             with self._lock:
-                if url in self._serving:
+                # a request the board listed before this desk's answer reached it is served already
+                if url in self._serving or ticket <= self._served.get(url, 0):
                     continue
                 self._serving.add(url)
             self._pool.submit(self._serve, url, ticket)
@@ -293,15 +304,15 @@ class RestartDesk:
                 if outcome.restarted:
                     self._console.print(f"restarted the container at {url}: it had stopped answering",
                                         highlight=False)
-            # answered before the url is free again, so the next poll sees this ticket served
             ray.get(self._board.restart_done.remote(url, ticket, outcome.model_dump_json()))
+            with self._lock:
+                self._served[url] = ticket
+        except Exception as exc:  # noqa: BLE001 - on this thread nobody would see it; the run times out waiting
+            self._console.print(f"could not answer the restart request for {url}: {type(exc).__name__}: {exc}",
+                                style="yellow", highlight=False, markup=False)
         finally:
             with self._lock:
                 self._serving.discard(url)
-
-    def close(self) -> None:
-        """Wait for a restart under way: the services it starts must not outlive the sweep's."""
-        self._pool.shutdown(wait=True)
 
 
 def _ray_error(exc: Exception) -> str:
