@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Self
 
@@ -115,7 +116,9 @@ class ManagedProcess(ServiceHandle):
 
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
+            if self._proc is None:  # stopped meanwhile (from another thread: the services closed)
+                raise PreflightError(f"{self.name} was stopped before it was ready")
+            if self._proc.poll() is not None:
                 tail = self._log_tail()
                 raise PreflightError(
                     f"{self.name} exited with code {self._proc.returncode} before it was ready "
@@ -154,7 +157,13 @@ class ManagedProcess(ServiceHandle):
 
     @staticmethod
     def _stop(proc: subprocess.Popen | None, grace_s: float) -> None:
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            # the leader is gone (it crashed, or its parent-death signal came), what it started
+            # may not be (a wrapper's children): they go with its group
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)

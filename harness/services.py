@@ -107,7 +107,9 @@ class Services:
         self._models: dict[tuple, tuple[object | None, str, str]] = {}  # server, url, build
         self._restarts: dict[str, int] = {}
         self._restart_lock = threading.Lock()
-        self._closing = False  # a restart under way (on another thread) starts nothing after close
+        # a restart under way on another thread (the sweep driver's) starts nothing after close
+        self._spawn_lock = threading.Lock()
+        self._closing = False
         self.label = label
 
     def container_url(self, spec: ContainerSpec) -> str:
@@ -180,14 +182,17 @@ class Services:
                     return False
                 except PreflightError:
                     pass  # it exited meanwhile, or answered nothing in that time (and was stopped)
-            if self._closing:
-                raise PreflightError(f"container {name} at {url}: the services are stopping, not restarting it")
-            done = self._restarts.get(url, 0)
-            if done >= self.max_restarts:
-                raise PreflightError(f"container {name} at {url} died again after {done} restart(s): not restarting it")
-            self._restarts[url] = done + 1
-            process.stop()
-            process.start()  # same command, same port: every run's url stays valid
+            with self._spawn_lock:  # close() waits for a spawn under way, then none comes after it
+                if self._closing:
+                    raise PreflightError(f"container {name} at {url}: the services are stopping, not restarting it")
+                done = self._restarts.get(url, 0)
+                if done >= self.max_restarts:
+                    raise PreflightError(f"container {name} at {url} died again after {done} restart(s): "
+                                         "not restarting it")
+                self._restarts[url] = done + 1
+                process.stop()
+                process.spawn()  # same command, same port: every run's url stays valid
+            process.wait_ready()  # a close meanwhile stops it, and this ends at once
             return True
 
     def restarts(self) -> dict[str, int]:
@@ -256,7 +261,8 @@ class Services:
                          logs=self.logs_for(container_url, *model_urls), model_servers=self.servers_for(*model_urls))
 
     def close(self) -> None:
-        self._closing = True
+        with self._spawn_lock:
+            self._closing = True
         for process, _ in self._containers.values():
             if process is not None:
                 process.stop()

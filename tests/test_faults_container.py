@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -45,6 +47,7 @@ from harness.http_pool import SharedSession
 from harness.contract import PolicyBlock, RolloutRequest, RolloutResponse
 from harness.run_state import Progress
 from harness.retry import RetryPolicy
+from harness.processes import ManagedProcess
 from harness.services import Services
 
 pytestmark = pytest.mark.timeout(300)
@@ -371,27 +374,73 @@ def test_a_restart_asked_of_a_live_container_waits_for_it_to_answer(data_dir, tm
             assert services.restarts() == {url: 1} and stats(url)["pid"] != pid
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group `pgid`."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_stopping_a_service_whose_main_process_died_stops_what_it_started(tmp_path) -> None:
+    """A wrapper command whose main process is gone (it crashed, or its parent-death signal
+    came first) leaves its children in the process group: stopping the service ends them."""
+    child = "import time; time.sleep(300)"
+    wrapper = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(300)"
+    service = ManagedProcess("wrapper", [sys.executable, "-c", wrapper], health_url="http://127.0.0.1:9/health",
+                             log_path=tmp_path / "wrapper.log")
+    service.spawn()
+    leader = service.pid
+    assert leader is not None
+    try:
+        deadline = time.monotonic() + 30
+        while len(_group_members(leader)) < 2:  # the wrapper and its child
+            assert time.monotonic() < deadline, _group_members(leader)
+            time.sleep(0.05)
+        os.kill(leader, signal.SIGKILL)
+        while service.alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _group_members(leader)  # the child lives on without its parent
+        service.stop()
+        while _group_members(leader):
+            assert time.monotonic() < deadline, _group_members(leader)
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, signal.SIGKILL)
+
+
 def test_services_that_close_during_a_restart_start_nothing_after(data_dir, tmp_path) -> None:
     """A sweep stopped (Ctrl-C) while its driver restarts a hung container on another thread:
     the services close, the restart under way gives up, and no new container comes up on
     the port after them."""
     services = Services(tmp_path / "logs")
-    url = services.container_url(chaos_spec(data_dir, startup_timeout_s=30))
-    os.kill(stats(url)["pid"], signal.SIGSTOP)  # hung: alive, answering nothing
-    outcome: list[RestartOutcome] = []
-    restart = threading.Thread(target=lambda: outcome.append(RestartOutcome.of(services.revive, url)))
-    restart.start()
-    deadline = time.monotonic() + 30
-    while not services._restart_lock.locked():  # the restart is under way
-        assert time.monotonic() < deadline and restart.is_alive()
-        time.sleep(0.01)
-    services.close()
-    restart.join(60)
-    assert not restart.is_alive()
-    assert outcome[0].error is not None and "stopping" in outcome[0].error, outcome
-    assert services.restarts() == {}
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{url}/health", timeout=2)
+    try:
+        url = services.container_url(chaos_spec(data_dir, startup_timeout_s=120))
+        os.kill(stats(url)["pid"], signal.SIGSTOP)  # hung: alive, answering nothing
+        outcome: list[RestartOutcome] = []
+        restart = threading.Thread(target=lambda: outcome.append(RestartOutcome.of(services.revive, url)))
+        restart.start()
+        deadline = time.monotonic() + 30
+        while not services._restart_lock.locked():  # the restart is under way
+            assert time.monotonic() < deadline and restart.is_alive()
+            time.sleep(0.01)
+        services.close()
+        restart.join(60)  # it ends once the services are closed, not after the 120 s startup wait
+        assert not restart.is_alive()
+        assert outcome[0].error is not None and "stopping" in outcome[0].error, outcome
+        assert services.restarts() == {}
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        services.close()
 
 
 @pytest.mark.parametrize("case", ["dies_again", "attached", "no_restarts_left"])

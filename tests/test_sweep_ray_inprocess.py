@@ -190,6 +190,7 @@ class TestInProcessRay:
             assert not finished.is_set()  # the desk let go while the restart was still under way
         finally:
             release.set()
+        assert finished.wait(30)
 
     def test_dead_worker_is_retried_once_then_failed_and_frees_its_slots(self, tmp_path):
         """Seed 1's worker process dies holding endpoint slots, twice; seed 2's raises past the

@@ -272,6 +272,7 @@ class RestartDesk:
         self._lock = threading.Lock()
         self._serving: set[str] = set()  # urls with a restart under way
         self._served: dict[str, int] = {}  # url -> the newest ticket answered
+        self._abandoned = False  # the loop left on an error: nobody waits for an answer (Ray may be down)
 
     def __enter__(self) -> "RestartDesk":
         return self
@@ -279,6 +280,7 @@ class RestartDesk:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         # at the loop's end no run waits on a restart; on Ctrl-C (or an error) what is queued
         # goes, and one under way stops when the services close and its process with them
+        self._abandoned = kind is not None
         self._pool.shutdown(wait=kind is None, cancel_futures=kind is not None)
 
     def poll(self) -> None:
@@ -301,6 +303,8 @@ class RestartDesk:
                                                "containers")
             else:
                 outcome = RestartOutcome.of(self._revive, url)
+                if self._abandoned:
+                    return
                 if outcome.restarted:
                     self._console.print(f"restarted the container at {url}: it had stopped answering",
                                         highlight=False)
