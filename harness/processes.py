@@ -18,6 +18,23 @@ import httpx
 from harness.errors import PreflightError
 
 
+def _exited(proc: subprocess.Popen) -> bool:
+    """True once the service's main process has exited. Its process group (a wrapper's
+    children) is killed when that is first seen, while the unreaped main process still
+    holds the group's id: later, the id could name another process's group."""
+    if proc.returncode is not None:
+        return True
+    try:
+        gone = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already (a wait on another thread)
+        return proc.poll() is not None
+    if gone:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.poll()
+    return gone
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: ask Linux to SIGTERM it when the harness dies, even
     by SIGKILL, so no model server or container outlives the process that started it."""
@@ -84,7 +101,7 @@ class ManagedProcess(ServiceHandle):
         return self._proc.pid if self._proc else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and not _exited(self._proc)
 
     def start(self) -> None:
         self.spawn()
@@ -116,12 +133,13 @@ class ManagedProcess(ServiceHandle):
 
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self._proc is None:  # stopped meanwhile (from another thread: the services closed)
+            proc = self._proc  # once: another thread (the services closing) may stop it meanwhile
+            if proc is None:
                 raise PreflightError(f"{self.name} was stopped before it was ready")
-            if self._proc.poll() is not None:
+            if _exited(proc):
                 tail = self._log_tail()
                 raise PreflightError(
-                    f"{self.name} exited with code {self._proc.returncode} before it was ready "
+                    f"{self.name} exited with code {proc.returncode} before it was ready "
                     f"(log {self.log_path}): {tail}"
                 )
             try:
@@ -157,14 +175,8 @@ class ManagedProcess(ServiceHandle):
 
     @staticmethod
     def _stop(proc: subprocess.Popen | None, grace_s: float) -> None:
-        if proc is None:
-            return
-        if proc.poll() is not None:
-            # the leader is gone (it crashed, or its parent-death signal came), what it started
-            # may not be (a wrapper's children): they go with its group
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return
+        if proc is None or _exited(proc):
+            return  # its group went when the main process was first seen gone
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=grace_s)
