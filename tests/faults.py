@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 
 from conftest import make_run_spec
@@ -69,6 +70,11 @@ def injected_faults(log_text: str) -> list[dict[str, str]]:
 
 def count_kinds(faults: list[dict[str, str]]) -> Counter[str]:
     return Counter(f["kind"] for f in faults)
+
+
+def stats(url: str) -> dict[str, Any]:
+    """The chaos container's own counters (its pid, requests served)."""
+    return httpx.get(f"{url}/chaos/stats", timeout=5).json()
 
 
 def container_log(services: Any, url: str) -> Path:
