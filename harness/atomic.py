@@ -20,12 +20,15 @@ def drop_dead_temporaries(directory: str, names: Iterable[str], fs: pafs.FileSys
         entries = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     except OSError:
         return
-    prefixes = tuple(f".{name}." for name in names)
     for entry in entries:
-        if entry.type == pafs.FileType.File and entry.base_name.startswith(prefixes) and \
-                entry.base_name.endswith(".tmp"):
+        if entry.type == pafs.FileType.File and is_temporary_of(entry.base_name, names):
             with suppress(OSError):
                 fs.delete_file(entry.path)
+
+
+def is_temporary_of(base_name: str, names: Iterable[str]) -> bool:
+    """Whether `base_name` is an atomic_write temporary of one of the files `names`."""
+    return base_name.endswith(".tmp") and base_name.startswith(tuple(f".{name}." for name in names))
 
 
 def atomic_write(path: str | Path, content: bytes | Callable[[str], None],

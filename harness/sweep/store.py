@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from harness.atomic import atomic_write, drop_dead_temporaries
+from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
@@ -102,13 +102,14 @@ class SweepStore:
         """Delete what a driver killed mid-write left beside the index and sweep.json: their
         atomic_write temporaries and write probes. Called while the folder is `held`, so
         none of them belongs to a live write."""
-        drop_dead_temporaries(self.dir, ("index.parquet", "sweep.json"), self.fs)
         try:
             entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
         except OSError:
             return
         for entry in entries:
-            if entry.type == pafs.FileType.File and entry.base_name.startswith(WRITE_PROBE):
+            name = entry.base_name
+            if entry.type == pafs.FileType.File and (
+                    name.startswith(WRITE_PROBE) or is_temporary_of(name, ("index.parquet", "sweep.json"))):
                 with suppress(OSError):
                     self.fs.delete_file(entry.path)
 
