@@ -37,27 +37,29 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     if tracking is not None:
         console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
                       markup=False, soft_wrap=True)
-    if finished(location) and not config.force:
-        console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
+    # the same run started again while this one runs stops here with one line
+    with location.held():
+        if finished(location) and not config.force:
+            console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
+                          highlight=False)
+            _export(tracking, location.run_dir, console)  # exported before? then left as it is
+            return 0
+        log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
+        console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
+                      f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
                       highlight=False)
-        _export(tracking, location.run_dir, console)  # exported before? then left as it is
-        return 0
-    log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
-    console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
-                  f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
-                  highlight=False)
-    with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
-        console.print("starting container and model servers ...", highlight=False)
-        endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
-        with run_progress(console, spec.container.name, spec.budget.max_rollouts,
-                          every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
-            outcome = run_sync(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
-                               restart_container=services.restarter(endpoints.container_url),
-                               force=config.force)
-    print_outcome(console, outcome, len(spec.pools.heldout))
-    # the evidence in place: a redo that failed left the previous, done, evidence there
-    _export(tracking, location.run_dir, console)
-    return 0 if outcome.status == "done" else 1
+        with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
+            console.print("starting container and model servers ...", highlight=False)
+            endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
+            with run_progress(console, spec.container.name, spec.budget.max_rollouts,
+                              every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
+                outcome = run_sync(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
+                                   restart_container=services.restarter(endpoints.container_url),
+                                   force=config.force)
+        print_outcome(console, outcome, len(spec.pools.heldout))
+        # the evidence in place: a redo that failed left the previous, done, evidence there
+        _export(tracking, location.run_dir, console)
+        return 0 if outcome.status == "done" else 1
 
 
 def _export(tracking: MlflowTarget | None, run_dir: str, console: Console) -> None:

@@ -1,6 +1,7 @@
 """A run killed (SIGKILL) while it re-scores candidates on heldout, started again with the
 same command, resumes from its checkpoint: no optimization again, and no (candidate,
-heldout row) pair the checkpoint held is rolled out again. Scripted models, real processes."""
+heldout row) pair the checkpoint held is rolled out again; the same run started while it
+runs stops at once. Scripted models, real processes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import polars as pl
 import pytest
 
 from conftest import read_evidence
+from harness.evidence.writer import EvidenceLocation
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
@@ -108,3 +110,32 @@ def test_a_checkpoint_restores_what_it_saved(tmp_path) -> None:
     assert got[1] == rows[1] and loaded.state["when"] == "/x/y"
     assert loaded.model_dump(exclude={"state"}) == saved.model_dump(exclude={"state"})
     assert json.loads(Path(store.path).read_text())["best_candidate_id"] == "c0001"
+
+
+
+def test_the_same_run_started_while_it_runs_stops_with_one_line(tmp_path, data_dir) -> None:
+    """While a run is held (as `python -m harness` holds the run it runs), the same run
+    started again stops before it starts anything, with one line naming the run, and its
+    evidence stays as it was (without the lock, both ran on one checkpoint, and each start
+    deleted the other's staged attempt); once let go, the run can be redone."""
+    evidence = tmp_path / "evidence"
+    env = {**os.environ, "COLUMNS": "200"}
+    command = [sys.executable, "-m", "harness", "models=scripted", "budget.max_rollouts=20",
+               f"evidence_root={evidence}", f"data_dir={data_dir}"]
+    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    [run_dir] = [p for p in (evidence / "local").iterdir() if p.is_dir() and p.name != "logs"
+                 and not p.name.startswith(".")]
+    manifest = (run_dir / "manifest.json").read_bytes()
+    with EvidenceLocation(str(evidence), "local", run_dir.name).held():
+        second = subprocess.run([*command, "force=true"], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=240)
+    assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+    errors = [line for line in second.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: run {run_dir.name} is running in another process (its evidence: {run_dir}); wait "
+                      "for it to end, or change the run's settings or seed"], second.stdout[-3000:]
+    assert "starting container" not in second.stdout
+    assert (run_dir / "manifest.json").read_bytes() == manifest
+    third = subprocess.run([*command, "force=true"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert read_evidence(run_dir)["manifest"]["status"] == "done"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
+from harness.locks import held_alone
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
@@ -58,6 +61,26 @@ class EvidenceLocation:
         staged.run_dir = f"{self.sweep_dir}/{STAGING}/{self.run_id}-{uuid.uuid4().hex[:12]}"
         staged.digests = {}
         return staged
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """This run for this process alone while the block runs: the same run started twice
+        would share its checkpoint, and each start's recover() would delete the other's
+        staged attempt. A sweep's driver holds its whole folder instead. The lock is a file
+        beside the staged attempts, `.staging/<run_id>.lock`, kept when the run ends; on an
+        object store there is none."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            yield
+            return
+        staging = f"{self.sweep_dir}/{STAGING}"
+        try:
+            self.fs.create_dir(staging, recursive=True)
+        except OSError as exc:
+            raise HarnessError(f"evidence directory {self.sweep_dir} is not writable: {exc}") from exc
+        with held_alone(f"{staging}/{self.run_id}.lock",
+                        f"run {self.run_id} is running in another process (its evidence: {self.run_dir}); wait "
+                        "for it to end, or change the run's settings or seed"):
+            yield
 
     def _staged_leftovers(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(f"{self.sweep_dir}/{STAGING}", allow_not_found=True)

@@ -3,9 +3,7 @@ sweep, its expected grid and the parity controls), each written atomically."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -17,6 +15,7 @@ import pyarrow.parquet as pq
 
 from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
+from harness.locks import held_alone
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
 
@@ -83,20 +82,11 @@ class SweepStore:
             return
         try:
             self.fs.create_dir(self.dir, recursive=True)
-            folder = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise HarnessError(f"evidence directory {self.dir} is not writable: {exc}") from exc
-        try:
-            try:
-                fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise HarnessError(f"sweep folder {self.dir} is in use by another sweep driver; wait for it "
-                                   "to end, or give this sweep another name") from None
-            except OSError:
-                pass  # no flock here (e.g. some network file systems): unlocked, as on an object store
+        with held_alone(self.dir, f"sweep folder {self.dir} is in use by another sweep driver; wait for it to "
+                                  "end, or give this sweep another name"):
             yield
-        finally:
-            os.close(folder)  # releases the lock
 
     def drop_dead_temporaries(self) -> None:
         """Delete what a driver killed mid-write left beside the index and sweep.json: their
