@@ -115,12 +115,11 @@ def arm_settings(params: dict[str, Any], pool_rows: dict[str, int], stratified_b
 
 def _settings(run_dir: Path) -> dict[str, Any]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    pools = manifest["spec"].get("pools") or {}
-    used = pools_used(manifest)
-    spec = manifest["spec"]
+    spec, used = manifest["spec"], pools_used(manifest)
+    stratify = (spec.get("pools") or {}).get("stratify") or {}
     return arm_settings(spec["algorithm"].get("params") or {},
                         {pool: len(used[pool]) for pool in ("train", "pareto", "heldout") if pool in used},
-                        {pool: strata["field"] for pool, strata in (pools.get("stratify") or {}).items()},
+                        {pool: strata["field"] for pool, strata in stratify.items()},
                         spec.get("heldout_candidates", "best"), max_rollouts=(spec.get("budget") or {}).get("max_rollouts"))
 
 
