@@ -134,6 +134,29 @@ class TestInProcessRay:
         assert ray.get(limiter.in_use.remote()) == {}
         assert ray.get(limiter.acquire.remote(["a", "b"], "next"), timeout=10) is True
 
+    def test_the_board_hands_each_restart_request_out_once(self):
+        """A request the driver took is not listed again while it is served (nor after);
+        a later request for the same container is. A ticket's answer is that of the restart
+        that covered it: the request that got a new process is told so, though a request made
+        meanwhile found that process answering; tickets no restart took get the next answer."""
+        board = SweepBoard.remote()
+        url = "http://container"
+        first = ray.get(board.request_restart.remote(url))
+        assert ray.get(board.take_restarts.remote()) == [(url, first)]
+        assert ray.get(board.take_restarts.remote()) == []
+        second = ray.get(board.request_restart.remote(url))
+        assert ray.get(board.take_restarts.remote()) == [(url, second)]
+        assert ray.get(board.restart_status.remote(url, first)) is None
+        ray.get(board.restart_done.remote(url, first, '{"restarted": true}'))
+        ray.get(board.restart_done.remote(url, second, '{"restarted": false}'))
+        assert ray.get(board.restart_status.remote(url, first)) == '{"restarted": true}'
+        assert ray.get(board.restart_status.remote(url, second)) == '{"restarted": false}'
+        third, fourth = ray.get([board.request_restart.remote(url), board.request_restart.remote(url)])
+        assert ray.get(board.take_restarts.remote()) == [(url, fourth)]
+        ray.get(board.restart_done.remote(url, fourth, '{"error": "gone"}'))
+        assert ray.get(board.restart_status.remote(url, third)) == '{"error": "gone"}'
+        assert ray.get(board.take_restarts.remote()) == []
+
     def test_a_slow_container_restart_does_not_hold_the_driver_loop(self):
         """The driver's poll hands a run's restart request to the desk and returns while the
         container is still starting; the same request is not served twice, and the run gets

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -269,9 +268,6 @@ class RestartDesk:
     def __init__(self, board: Any, revive: Callable[[str], bool] | None, console: Console):
         self._board, self._revive, self._console = board, revive, console
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="container-restart")
-        self._lock = threading.Lock()
-        self._serving: set[str] = set()  # urls with a restart under way
-        self._served: dict[str, int] = {}  # url -> the newest ticket answered
         self._abandoned = False  # the loop left on an error: nobody waits for an answer (Ray may be down)
 
     def __enter__(self) -> "RestartDesk":
@@ -286,12 +282,7 @@ class RestartDesk:
     def poll(self) -> None:
         import ray
 
-        for url, ticket in ray.get(self._board.take_restarts.remote()):
-            with self._lock:
-                # a request the board listed before this desk's answer reached it is served already
-                if url in self._serving or ticket <= self._served.get(url, 0):
-                    continue
-                self._serving.add(url)
+        for url, ticket in ray.get(self._board.take_restarts.remote()):  # each request once
             self._pool.submit(self._serve, url, ticket)
 
     def _serve(self, url: str, ticket: int) -> None:
@@ -309,14 +300,9 @@ class RestartDesk:
                     self._console.print(f"restarted the container at {url}: it had stopped answering",
                                         highlight=False)
             ray.get(self._board.restart_done.remote(url, ticket, outcome.model_dump_json()))
-            with self._lock:
-                self._served[url] = ticket
         except Exception as exc:  # noqa: BLE001 - on this thread nobody would see it; the run times out waiting
             self._console.print(f"could not answer the restart request for {url}: {type(exc).__name__}: {exc}",
                                 style="yellow", highlight=False, markup=False)
-        finally:
-            with self._lock:
-                self._serving.discard(url)
 
 
 def _ray_error(exc: Exception) -> str:

@@ -38,8 +38,10 @@ class SweepBoard:
         self._running: set[str] = set()
         # container restarts asked for by runs, done by the driver (it owns the processes)
         self._restart_asked: dict[str, int] = {}  # url -> last ticket handed out
-        # url -> (last ticket served, RestartOutcome JSON)
-        self._restart_done: dict[str, tuple[int, str]] = {}
+        self._restart_taken: dict[str, int] = {}  # url -> newest ticket the driver took to serve
+        # url -> (ticket served, RestartOutcome JSON) of each restart, in order: a ticket's
+        # answer is that of the first restart served at or after it (the one that covered it)
+        self._restart_done: dict[str, list[tuple[int, str]]] = {}
 
     def started(self, run_id: str) -> None:
         self._running.add(run_id)
@@ -57,18 +59,23 @@ class SweepBoard:
         return self._restart_asked[url]
 
     def take_restarts(self) -> list[tuple[str, int]]:
-        """(url, newest ticket) of every container with an unserved request (for the driver)."""
-        return [(url, ticket) for url, ticket in self._restart_asked.items() if ticket > self._served(url)]
+        """(url, newest ticket) of every container asked for since the driver last took it:
+        each request is handed out once, so one the driver is still serving, or has served
+        and not yet answered here, is not served twice (a later request is: it may find the
+        restarted container answering)."""
+        taken = [(url, ticket) for url, ticket in self._restart_asked.items()
+                 if ticket > self._restart_taken.get(url, 0)]
+        self._restart_taken.update(taken)
+        return taken
 
     def restart_done(self, url: str, ticket: int, outcome_json: str) -> None:
-        self._restart_done[url] = (ticket, outcome_json)
+        self._restart_done.setdefault(url, []).append((ticket, outcome_json))
 
     def restart_status(self, url: str, ticket: int) -> str | None:
-        """The RestartOutcome (JSON) of the request holding `ticket`; None until it is served."""
-        return self._restart_done[url][1] if self._served(url) >= ticket else None
-
-    def _served(self, url: str) -> int:
-        return self._restart_done[url][0] if url in self._restart_done else 0
+        """The RestartOutcome (JSON) of the request holding `ticket`; None until it is served.
+        Not a later restart's: the run whose request started a new process is told so, even
+        if a request made meanwhile found that process answering."""
+        return next((outcome for served, outcome in self._restart_done.get(url, ()) if served >= ticket), None)
 
     def snapshot(self) -> dict[str, Any]:
         return {"running": len(self._running), "rollouts": sum(self._rollouts.values()),
