@@ -34,11 +34,11 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     location = EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
     location.check_writable()
     tracking = open_target(config.tracking, spec.evidence_root, spec.sweep)  # a missing extra: one line, now
-    if tracking is not None:
-        console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
-                      markup=False, soft_wrap=True)
     # the same run started again while this one runs stops here with one line
     with location.held():
+        if tracking is not None:
+            console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
+                          markup=False, soft_wrap=True)
         if finished(location) and not config.force:
             console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
                           highlight=False)

@@ -22,8 +22,8 @@ def held_alone(path: str, busy: str) -> Iterator[None]:
     try:
         if os.path.isdir(path):
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        else:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        else:  # opened for writing: NFS emulates flock with fcntl locks, which need that
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise HarnessError(f"cannot lock {path}: {exc.strerror or exc}") from exc
     try:

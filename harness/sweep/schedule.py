@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -300,9 +301,13 @@ class RestartDesk:
                     self._console.print(f"restarted the container at {url}: it had stopped answering",
                                         highlight=False)
             ray.get(self._board.restart_done.remote(url, ticket, outcome.model_dump_json()))
-        except Exception as exc:  # noqa: BLE001 - on this thread nobody would see it; the run times out waiting
-            self._console.print(f"could not answer the restart request for {url}: {type(exc).__name__}: {exc}",
-                                style="yellow", highlight=False, markup=False)
+        except Exception as exc:  # noqa: BLE001 - on this thread nobody would see it
+            error = f"could not answer the restart request for {url}: {type(exc).__name__}: {exc}"
+            self._console.print(error, style="yellow", highlight=False, markup=False)
+            # the board hands a request out once: answered with the error, its runs fail now
+            # instead of waiting out their restart timeout (unless the board is what failed)
+            with suppress(Exception):
+                ray.get(self._board.restart_done.remote(url, ticket, RestartOutcome(error=error).model_dump_json()))
 
 
 def _ray_error(exc: Exception) -> str:
