@@ -7,32 +7,53 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from harness.errors import HarnessError
 
 
 @contextmanager
 def held_alone(path: str, busy: str) -> Iterator[None]:
-    """Hold `path` (a directory, or a file created empty if absent, never deleted: deleting
-    a lock file lets two processes hold two files of one name) while the block runs; if
+    """Hold `path` while the block runs: a directory, or a lock file created for the block
+    and removed at its end (a killed holder leaves it, unlocked, for the next to take). If
     another process holds it, HarnessError(`busy`) before the block starts. The descriptor
     is not inherited by child processes (os.open's default), so a model server or container
     started inside the block does not keep the lock after this process ends."""
+    directory = os.path.isdir(path)
+    fd = _take(path, busy, directory)
     try:
-        if os.path.isdir(path):
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        else:  # opened for writing: NFS emulates flock with fcntl locks, which need that
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise HarnessError(f"cannot lock {path}: {exc.strerror or exc}") from exc
-    try:
+        yield
+    finally:
+        if not directory:  # removed while still held: whoever opened it meanwhile sees that and starts over
+            with suppress(OSError):
+                os.unlink(path)
+        os.close(fd)  # releases the lock
+
+
+def _take(path: str, busy: str, directory: bool) -> int:
+    while True:
+        try:
+            # a file is opened for writing: NFS emulates flock with fcntl locks, which need that
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY) if directory else \
+                os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise HarnessError(f"cannot lock {path}: {exc.strerror or exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise HarnessError(busy) from None
         except OSError:
-            pass  # no flock here (e.g. some network file systems): unlocked, as on an object store
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+            return fd  # no flock here (e.g. some network file systems): unlocked, as on an object store
+        if directory or _still_there(fd, path):
+            return fd
+        os.close(fd)  # the holder removed this file as it let go: take the one at `path` now
+
+
+def _still_there(fd: int, path: str) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)

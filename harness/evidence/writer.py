@@ -67,17 +67,16 @@ class EvidenceLocation:
         """This run for this process alone while the block runs: the same run started twice
         would share its checkpoint, and each start's recover() would delete the other's
         staged attempt. A sweep's driver holds its whole folder instead. The lock is a file
-        beside the staged attempts, `.staging/<run_id>.lock`, kept when the run ends; on an
+        beside the run's directory, `.<run_id>.lock`, there while the run is held; on an
         object store there is none."""
         if not isinstance(self.fs, pafs.LocalFileSystem):
             yield
             return
-        staging = f"{self.sweep_dir}/{STAGING}"
         try:
-            self.fs.create_dir(staging, recursive=True)
+            self.fs.create_dir(self.sweep_dir, recursive=True)
         except OSError as exc:
             raise HarnessError(f"evidence directory {self.sweep_dir} is not writable: {exc}") from exc
-        with held_alone(f"{staging}/{self.run_id}.lock",
+        with held_alone(f"{self.sweep_dir}/.{self.run_id}.lock",
                         f"run {self.run_id} is running in another process (its evidence: {self.run_dir}); wait "
                         "for it to end, or change the run's settings or seed"):
             yield
