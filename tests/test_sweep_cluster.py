@@ -97,10 +97,11 @@ def test_twelve_runs_spread_over_three_nodes_and_match_a_one_machine_sweep(tmp_p
     takes runs, each run calls its own node's gateway and container (the manifest says
     which), and every table matches the same sweep on one machine, timings aside."""
     seeds, budget = "sweep.seeds=[0,1,2,3,4,5]", "budget.max_rollouts=20"
+    no_wall = "budget.max_wall_s=null"  # both stop on rollouts alone, however loaded the machine
     with simulated_cluster() as cluster:
-        out = run_sweep(tmp_path / "cluster", data_dir, seeds, budget, f"ray.address={cluster.address}",
+        out = run_sweep(tmp_path / "cluster", data_dir, seeds, budget, no_wall, f"ray.address={cluster.address}",
                         "ray.max_runs_in_flight=6")
-    run_sweep(tmp_path / "one", data_dir, seeds, budget, "ray.max_runs_in_flight=6")
+    run_sweep(tmp_path / "one", data_dir, seeds, budget, no_wall, "ray.max_runs_in_flight=6")
     on_cluster, on_one = tmp_path / "cluster" / "smoke", tmp_path / "one" / "smoke"
     rows, single = index(on_cluster), index(on_one)
     assert len(rows) == 12 and set(rows) == set(single)
