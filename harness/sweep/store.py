@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 
 from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
-from harness.locks import held_alone
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
+from harness.locks import held_alone
 
 INDEX_SCHEMA = pa.schema(
     [
