@@ -9,7 +9,24 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+import pyarrow.fs as pafs
+
 from harness.errors import HarnessError
+
+
+@contextmanager
+def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None = None) -> Iterator[None]:
+    """`folder` (created if absent), or its file `lock_file`, held by this process alone while
+    the block runs (held_alone). Off the local disk (an object store) there is no lock."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        yield
+        return
+    try:
+        fs.create_dir(folder, recursive=True)
+    except OSError as exc:
+        raise HarnessError(f"evidence directory {folder} is not writable: {exc}") from exc
+    with held_alone(folder if lock_file is None else f"{folder}/{lock_file}", busy):
+        yield
 
 
 @contextmanager

@@ -11,8 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pyarrow.parquet as pq
 from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
-from harness.locks import held_alone
+from harness.locks import held_in
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
@@ -62,24 +61,15 @@ class EvidenceLocation:
         staged.digests = {}
         return staged
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> AbstractContextManager[None]:
         """This run for this process alone while the block runs: the same run started twice
         would share its checkpoint, and each start's recover() would delete the other's
         staged attempt. A sweep's driver holds its whole folder instead. The lock is a file
         beside the run's directory, `.<run_id>.lock`, there while the run is held; on an
         object store there is none."""
-        if not isinstance(self.fs, pafs.LocalFileSystem):
-            yield
-            return
-        try:
-            self.fs.create_dir(self.sweep_dir, recursive=True)
-        except OSError as exc:
-            raise HarnessError(f"evidence directory {self.sweep_dir} is not writable: {exc}") from exc
-        with held_alone(f"{self.sweep_dir}/.{self.run_id}.lock",
-                        f"run {self.run_id} is running in another process (its evidence: {self.run_dir}); wait "
-                        "for it to end, or change the run's settings or seed"):
-            yield
+        return held_in(self.fs, self.sweep_dir, f"run {self.run_id} is running in another process (its evidence: "
+                                                f"{self.run_dir}); wait for it to end, or change the run's settings "
+                                                "or seed", lock_file=f".{self.run_id}.lock")
 
     def _staged_leftovers(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(f"{self.sweep_dir}/{STAGING}", allow_not_found=True)

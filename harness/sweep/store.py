@@ -4,8 +4,7 @@ sweep, its expected grid and the parity controls), each written atomically."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
-from harness.locks import held_alone
+from harness.locks import held_in
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -69,24 +68,15 @@ class SweepStore:
     def run_location(self, run_id: str) -> EvidenceLocation:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> AbstractContextManager[None]:
         """The sweep folder for this driver alone, until the block ends or the process dies.
         A second driver of the same sweep would run the same runs into the same directories
         and overwrite the index, so it stops here with one line. An flock on the folder
         itself (no lock file to leave behind), which holds among the processes of one host;
         an object store, or a file system without flock, has no such lock, and one driver
         per sweep is then the user's to keep."""
-        if not isinstance(self.fs, pafs.LocalFileSystem):
-            yield
-            return
-        try:
-            self.fs.create_dir(self.dir, recursive=True)
-        except OSError as exc:
-            raise HarnessError(f"evidence directory {self.dir} is not writable: {exc}") from exc
-        with held_alone(self.dir, f"sweep folder {self.dir} is in use by another sweep driver; wait for it to "
-                                  "end, or give this sweep another name"):
-            yield
+        return held_in(self.fs, self.dir, f"sweep folder {self.dir} is in use by another sweep driver; wait for "
+                                          "it to end, or give this sweep another name")
 
     def drop_dead_temporaries(self) -> None:
         """Delete what a driver killed mid-write left beside the index and sweep.json: their
