@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pyarrow.parquet as pq
 
-from conftest import make_run_spec
+from conftest import make_run_spec, run_cli
 from harness.evidence.schema import TABLES
 from harness.specs import ContainerSpec, RunSpec
 
@@ -106,3 +106,15 @@ def assert_no_secret(roots: list[Path], *secrets: str, texts: tuple[str, ...] = 
         for secret in secrets:
             assert secret not in text, f"{secret[:6]}... leaked into output: {text[:200]}"
     return scanned
+
+
+def small_cli_run(evidence: Path, data_dir: Path | str, *overrides: str) -> dict[str, Any]:
+    """`python -m harness` with scripted models on a small run (24 rollouts; 8 train, 4
+    pareto, 4 heldout rows) and `overrides`: it must succeed; returns its evidence, checked
+    by check_rows_exactly_once."""
+    result = run_cli("models=scripted", *overrides, f"evidence_root={evidence}", f"data_dir={data_dir}",
+                     "budget.max_rollouts=24", "pools.train.count=8", "pools.pareto.count=4", "pools.heldout.count=4",
+                     timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
+    return check_rows_exactly_once(run_dir)

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import container_spec, execute, run_cli, scripted_spec
-from faults import check_rows_exactly_once, small_spec
+from conftest import container_spec, execute, scripted_spec
+from faults import check_rows_exactly_once, small_cli_run, small_spec
 from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatClient, ChatMessage, ChatResult
 from harness.retry import RetryPolicy
@@ -177,11 +177,6 @@ def test_the_cli_with_flaky_models(tmp_path: Path, data_dir: Path) -> None:
     harness takes by default) with both models failing a fifth of their calls once."""
     evidence = tmp_path / "evidence"
     source = "'flaky?rate=0.2&kinds=429,429_bare,503,garbage&retry_after=0.1'"
-    result = run_cli("models=scripted", f"policy.source={source}", f"proposer.source={source}",
-                     f"evidence_root={evidence}", f"data_dir={data_dir}", "budget.max_rollouts=24",
-                     "pools.train.count=8", "pools.pareto.count=4", "pools.heldout.count=4", timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:]
-    (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
-    ev = check_rows_exactly_once(run_dir)
+    ev = small_cli_run(evidence, data_dir, f"policy.source={source}", f"proposer.source={source}")
     assert ev["manifest"]["status"] == "done"
     assert {r["status"] for r in ev["rollouts"]} == {"ok"}

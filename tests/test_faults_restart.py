@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from client_calls import call, request_for
-from conftest import execute, run_cli
-from faults import chaos_spec, check_rows_exactly_once, small_spec, stats
+from conftest import execute
+from faults import chaos_spec, check_rows_exactly_once, small_cli_run, small_spec, stats
 from harness.container_keeper import RestartOutcome
 from harness.errors import HarnessError, PreflightError
 from harness.processes import ManagedProcess
@@ -308,14 +308,9 @@ def test_the_cli_restarts_a_container_that_dies(tmp_path, data_dir) -> None:
     # the first process dies at its 20th rollout; the run needs at most 24 + 8 in all, so the
     # restarted one never reaches 20 whatever the order of answers
     command = "['python','-m','benchmarks.containers.chaos','--die-after','20']"
-    result = run_cli("models=scripted", "container=chaos", f"container.command={command}",
-                     f"evidence_root={evidence}", f"data_dir={data_dir}", "budget.max_rollouts=24",
-                     "pools.train.count=8", "pools.pareto.count=4", "pools.heldout.count=4", timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:]
-    (run_dir,) = [p.parent for p in evidence.rglob("manifest.json")]
-    ev = check_rows_exactly_once(run_dir)
+    ev = small_cli_run(evidence, data_dir, "container=chaos", f"container.command={command}")
     assert ev["manifest"]["status"] == "done"
     assert [e["kind"] for e in ev["events"]].count("container_restarted") == 1
     logs = "".join(p.read_text() for p in (evidence / "local" / "logs").glob("*container-chaos*.log"))
     assert "chaos: exiting after 20 rollouts" in logs
-    assert 0 < json.loads((run_dir / "manifest.json").read_text())["totals"]["rollouts"] <= 24
+    assert 0 < ev["manifest"]["totals"]["rollouts"] <= 24
