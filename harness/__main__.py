@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,13 +21,14 @@ from harness.errors import HarnessError
 from harness.tracking.hooks import open_target
 from harness.tracking.settings import MlflowTarget
 
+if TYPE_CHECKING:
+    from harness.evidence.writer import EvidenceLocation
+    from harness.specs import RunSpec
+
 
 def run_single(config: HarnessConfig, console: Console) -> int:
-    from harness.console import print_outcome, run_progress
     from harness.evidence.writer import EvidenceLocation
     from harness.preflight import check_model_keys
-    from harness.run import finished, run_sync
-    from harness.services import Services
 
     spec = run_spec(config)
     check_model_keys(spec, through_gateway=config.gateway.enabled)  # before any service starts
@@ -36,30 +38,40 @@ def run_single(config: HarnessConfig, console: Console) -> int:
     tracking = open_target(config.tracking, spec.evidence_root, spec.sweep)  # a missing extra: one line, now
     # the same run started again while this one runs stops here with one line
     with location.held():
-        if tracking is not None:
-            console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
-                          markup=False, soft_wrap=True)
-        if finished(location) and not config.force:
-            console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
-                          highlight=False)
-            _export(tracking, location.run_dir, console)  # exported before? then left as it is
-            return 0
-        log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
-        console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
-                      f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
+        return _run_held(config, spec, location, tracking, console)
+
+
+def _run_held(config: HarnessConfig, spec: RunSpec, location: EvidenceLocation, tracking: MlflowTarget | None,
+              console: Console) -> int:
+    """The run itself, its evidence folder held by this process."""
+    from harness.console import print_outcome, run_progress
+    from harness.run import finished, run_sync
+    from harness.services import Services
+
+    if tracking is not None:
+        console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
+                      markup=False, soft_wrap=True)
+    if finished(location) and not config.force:
+        console.print(f"run {spec.run_id} is already done: evidence in {location.run_dir} (force=true redoes it)",
                       highlight=False)
-        with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
-            console.print("starting container and model servers ...", highlight=False)
-            endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
-            with run_progress(console, spec.container.name, spec.budget.max_rollouts,
-                              every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
-                outcome = run_sync(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
-                                   restart_container=services.restarter(endpoints.container_url),
-                                   force=config.force)
-        print_outcome(console, outcome, len(spec.pools.heldout))
-        # the evidence in place: a redo that failed left the previous, done, evidence there
-        _export(tracking, location.run_dir, console)
-        return 0 if outcome.status == "done" else 1
+        _export(tracking, location.run_dir, console)  # exported before? then left as it is
+        return 0
+    log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
+    console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
+                  f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
+                  highlight=False)
+    with Services(log_dir, config.local_server, gateway=config.gateway, label=spec.run_id) as services:
+        console.print("starting container and model servers ...", highlight=False)
+        endpoints = services.endpoints(spec.container, spec.policy, spec.proposer)
+        with run_progress(console, spec.container.name, spec.budget.max_rollouts,
+                          every_s=config.progress_every_s, live_usage=config.gateway.live_usage) as bar:
+            outcome = run_sync(spec, endpoints, observer=bar, max_error_rate=config.max_error_rate,
+                               restart_container=services.restarter(endpoints.container_url),
+                               force=config.force)
+    print_outcome(console, outcome, len(spec.pools.heldout))
+    # the evidence in place: a redo that failed left the previous, done, evidence there
+    _export(tracking, location.run_dir, console)
+    return 0 if outcome.status == "done" else 1
 
 
 def _export(tracking: MlflowTarget | None, run_dir: str, console: Console) -> None:
