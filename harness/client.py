@@ -24,7 +24,7 @@ from harness.contract import (
     TasksResponse,
 )
 from harness.api_key import bearer_headers, read_key
-from harness.errors import ContractViolation, FailureKind, ServiceError, Unreachable, first_error, redact
+from harness.errors import CameBack, ContractViolation, FailureKind, ServiceError, Unreachable, first_error, redact
 from harness.http_pool import SharedSession, transport_failure
 from harness.retry import AttemptFailed, RetryPolicy
 
@@ -106,7 +106,8 @@ class ContainerClient:
                         headers: dict[str, str], key: str | None, answers: list[str]) -> M:
         # The process was seen gone (connection refused or dropped) during this call, and the
         # last attempt also got no HTTP answer: the caller may restart it. A timeout on the
-        # last attempt counts too: it may have reached a process that was still starting.
+        # last attempt counts too: it may have reached a process that was still starting. Seen
+        # gone, then answered with a retryable failure: the caller may send it once more.
         seen_down = no_answer = False
         payload = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
         if payload is not None:
@@ -133,6 +134,8 @@ class ContainerClient:
             message = f"{method} {route} failed ({exc.kind.value}): {exc}"
             if seen_down and no_answer:
                 raise Unreachable(message) from None
+            if seen_down and exc.kind is not FailureKind.FATAL:
+                raise CameBack(message, exc.kind) from None
             raise ServiceError(message, exc.kind) from None
 
     @staticmethod

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.client import ContainerClient
 from harness.contract import RolloutRequest
-from harness.errors import HarnessError, Unreachable
+from harness.errors import CameBack, HarnessError, Unreachable
 
 # Start the container again: True when a new process was started, False when the one there
 # turned out to answer (busy rather than dead, or already restarted for another run).
@@ -57,13 +57,17 @@ class ContainerKeeper:
 
     async def send(self, request: RolloutRequest, answers: list[str]) -> Any:
         """One rollout call. When the container refuses the connection (its process died),
-        restart it through the hook and send the same request once more."""
+        restart it through the hook and send the same request once more; when a new process
+        came up during the call (another run restarted it) and its first answer was one worth
+        retrying, the attempts went to the gone one: send once more as well."""
         generation = self._generation
         try:
             return await self.client.rollout(request, answers)
         except Unreachable as exc:
             if not await self._revive(generation, str(exc)):
                 raise
+        except CameBack:
+            pass
         return await self.client.rollout(request, answers)
 
     def restarted_before_start(self, error: str, restarted: bool) -> None:

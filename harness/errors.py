@@ -46,6 +46,12 @@ class Unreachable(ServiceError):
         super().__init__(message, FailureKind.TRANSIENT)
 
 
+class CameBack(ServiceError):
+    """The endpoint was seen gone during a call, and a process answered its last attempt
+    with a failure worth retrying: the call's attempts went mostly to the gone process (a
+    container that another run restarted meanwhile), none of them a fair try at the request."""
+
+
 class ContractViolation(ServiceError):
     """A container answered with a body that does not fit the contract."""
 

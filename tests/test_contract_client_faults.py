@@ -23,6 +23,7 @@ from harness.contract import (
     Usage,
 )
 from harness.errors import (
+    CameBack,
     ContractViolation,
     FailureKind,
     ServiceError,
@@ -317,7 +318,8 @@ def test_a_hang_then_an_answer_recovers(fake: tuple[FakeContainer, str]) -> None
 class RawServer:
     """A loopback TCP server that treats each connection by the next entry of its plan:
     `drop` closes it after reading the request (a process that exits mid-request), `hang`
-    never answers, `500` answers HTTP 500. Lets a test order what no HTTP framework fakes."""
+    never answers, `500` answers HTTP 500, `ok` a rollout with reward 1. Lets a test order
+    what no HTTP framework fakes."""
 
     def __init__(self, plan: list[str]) -> None:
         self.plan = list(plan)
@@ -337,6 +339,11 @@ class RawServer:
             elif action == "500":
                 writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom")
                 await writer.drain()
+            elif action == "ok":
+                body = b'{"status": "ok", "reward_info": {"outcome_reward": 1.0}}'
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                await writer.drain()
             writer.close()
 
         async def main() -> None:
@@ -349,16 +356,42 @@ class RawServer:
         self.loop.run_until_complete(main())
 
 
-@pytest.mark.parametrize(("plan", "unreachable"), [
-    (["drop", "hang"], True),    # gone mid-request, then a process that does not answer yet
-    (["drop", "drop"], True),
-    (["hang", "hang"], False),   # alive but slow: a plain transient failure
-    (["drop", "500"], False),    # answering again, with an error
+@pytest.mark.parametrize(("plan", "error"), [
+    (["drop", "hang"], Unreachable),  # gone mid-request, then a process that does not answer yet
+    (["drop", "drop"], Unreachable),
+    (["hang", "hang"], ServiceError),  # alive but slow: a plain transient failure
+    (["drop", "500"], CameBack),      # answering again, with an error worth retrying
+    (["500", "500"], ServiceError),   # never gone: the attempts were fair ones
 ])
-def test_a_process_seen_gone_is_reported_unreachable(plan: list[str], unreachable: bool) -> None:
+def test_a_process_seen_gone_is_reported_unreachable(plan: list[str], error: type[ServiceError]) -> None:
     server = RawServer(plan)
     with pytest.raises(ServiceError) as caught:
         call(f"http://127.0.0.1:{server.port}", lambda c: c.health(), timeout_s=0.3,
              retry=RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.01))
-    assert isinstance(caught.value, Unreachable) is unreachable, str(caught.value)
+    assert type(caught.value) is error, str(caught.value)
     assert caught.value.kind is FailureKind.TRANSIENT
+
+
+def test_a_rollout_whose_attempts_met_a_gone_process_is_sent_once_more_to_the_new_one() -> None:
+    """Attempts spent on a process that died, the last one answered by the process that
+    replaced it with a 500: the keeper sends the rollout once more (no restart asked: another
+    run made it), and the new process's answer is the rollout's."""
+    from harness.container_keeper import ContainerKeeper
+
+    server = RawServer(["drop", "500", "ok"])
+    events: list[str] = []
+
+    async def send() -> Any:
+        client = ContainerClient(f"http://127.0.0.1:{server.port}", timeout_s=2,
+                                 retry=RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.01))
+        keeper = ContainerKeeper(client, "raw", None, lambda kind, message, **data: events.append(kind))
+        request = request_for("r-1", {"system": "Answer."}, {"task_id": "train:0", "x": 1}, "http://127.0.0.1:9/v1")
+        try:
+            return await keeper.send(request, answers := [])
+        finally:
+            await client.aclose()
+            assert answers == ["HTTP 500: boom"]
+
+    response = asyncio.run(send())
+    assert response.status == "ok" and response.reward_info.outcome_reward == 1.0
+    assert events == [] and server.plan == []
