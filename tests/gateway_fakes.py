@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ class FakeUpstream:
     retry_after: str | None = "1"
     throttle_above: int | None = None  # a real rate limit: 429 while more than this many are in flight
     echo_auth: bool = False  # put the Authorization header it got into the reply (a leaky upstream)
+    # each call waits (up to 30 s) until this many have been in flight at once: a cap is then
+    # reached whatever the machine's load, instead of only when the scheduler lines calls up
+    hold_until_peak: int | None = None
     requests: int = 0
     completions: int = 0
     refused: int = 0
@@ -51,6 +55,10 @@ class FakeUpstream:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
+            if self.hold_until_peak is not None:
+                deadline = time.monotonic() + 30
+                while self.peak < self.hold_until_peak and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
             if self.throttle_above is not None and self.in_flight > self.throttle_above:
                 return self._throttle()
             raw = await request.body()

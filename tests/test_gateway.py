@@ -172,7 +172,7 @@ async def _burst(url: str, n: int, headers: dict[str, str]) -> list[int]:
 
 
 def test_concurrency_cap_holds_under_200_concurrent_requests() -> None:
-    fake = FakeUpstream(delay_s=0.05)
+    fake = FakeUpstream(delay_s=0.05, hold_until_peak=8)
     settings = GatewaySettings(limits=LimitSettings(max_concurrency=8))
     with ServerThread(fake.app()) as up, GatewayThread(settings, [upstream(up.url)]) as gw:
         statuses = asyncio.run(_burst(f"{gw.url}/u/fake/v1", 200, admin(gw)))
