@@ -4,6 +4,7 @@ healthy, and always stop them, including on Ctrl-C and errors."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,7 +47,31 @@ def _die_with_parent() -> None:
         pass
 
 
+# Services listen below the kernel's ephemeral range: a port bind(0) hands out comes from the
+# range outgoing connections draw their local ports from, and between this check and the
+# service's own bind (or while a dead container's port waits for its restart) a run's many
+# rollout connections could take it. From 20000: Ray's workers use 10002-19999.
+_SERVICE_PORTS_FROM = 20000
+
+
+def _ephemeral_ports_from() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing holds now, for a service to listen on."""
+    ephemeral = _ephemeral_ports_from()
+    if ephemeral - _SERVICE_PORTS_FROM >= 1000:
+        for port in random.SystemRandom().sample(range(_SERVICE_PORTS_FROM, ephemeral), 64):  # not the seeded one
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

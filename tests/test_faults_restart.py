@@ -26,7 +26,7 @@ from conftest import execute
 from faults import chaos_spec, check_rows_exactly_once, small_cli_run, small_spec, stats
 from harness.container_keeper import RestartOutcome
 from harness.errors import HarnessError, PreflightError
-from harness.processes import ManagedProcess
+from harness.processes import ManagedProcess, free_port
 from harness.retry import RetryPolicy
 from harness.run_state import Progress
 from harness.services import Services
@@ -314,3 +314,14 @@ def test_the_cli_restarts_a_container_that_dies(tmp_path, data_dir) -> None:
     logs = "".join(p.read_text() for p in (evidence / "local" / "logs").glob("*container-chaos*.log"))
     assert "chaos: exiting after 20 rollouts" in logs
     assert 0 < ev["manifest"]["totals"]["rollouts"] <= 24
+
+
+def test_service_ports_come_from_below_the_ephemeral_range() -> None:
+    """Outgoing connections draw their local ports from the ephemeral range: a service port
+    taken from there could be taken by a run's rollout connection before the service binds
+    it, or while a dead container's port waits for its restart."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if ephemeral < 21000:
+        pytest.skip(f"this machine's ephemeral ports start at {ephemeral}: no room below them")
+    ports = {free_port() for _ in range(50)}
+    assert len(ports) > 40 and all(20000 <= port < ephemeral for port in ports)
