@@ -437,3 +437,40 @@ def test_an_examples_edit_with_room_also_quotes_the_runs_earlier_failures() -> N
     own = [cited_failure("exchange_rate", "card_arrival", "card still not here", {})]
     assert cite_examples(SEED, own, settings, [("card_arrival", ("card still not here",))]).status == "unchanged"
     assert CitationMemory(capacity=0).pairs() == ()
+
+
+def test_an_examples_edit_lists_invented_answers_when_asked() -> None:
+    """`not_answer_lines`: the failures' answers that are label-shaped but not labels go in
+    a section of their own, a near spelling with its label, each once, the newest kept."""
+    from algorithms.gepa.reflect import cite_examples
+
+    results = [failure("card_arrival", "card_payment"), failure("exchange_rate", "exchange_rates"),
+               failure("top_up_failed", "top_up_failed"),  # a label: not listed
+               failure("card_arrival", "I am not sure")]  # not label-shaped: not listed
+    assert cite_examples(SEED, results, SETTINGS, labels=LABELS).status == "unchanged"  # off by default
+    settings = GepaParams(not_answer_lines=2).edit_settings()
+    proposal = cite_examples(SEED, results, settings, labels=LABELS)
+    assert (proposal.status, proposal.added) == ("changed", 2)
+    assert LearnedModule.parse(proposal.text).lines("not_answers") == (
+        "- `card_payment`", "- `exchange_rates` (the label is `exchange_rate`)")
+    assert "Not valid answers (never reply with these):\n- `card_payment`" in proposal.text
+    assert cite_examples(proposal.text, results, settings, labels=LABELS).status == "unchanged"  # each once
+    newer = cite_examples(proposal.text, [failure("card_arrival", "shipping_time")], settings, labels=LABELS)
+    assert LearnedModule.parse(newer.text).lines("not_answers") == (
+        "- `exchange_rates` (the label is `exchange_rate`)", "- `shipping_time`")
+    assert cite_examples(SEED, results, settings, labels=None).status == "unchanged"  # no answer space
+
+
+def test_the_runs_invented_answers_are_listed_most_frequent_first() -> None:
+    from algorithms.gepa.reflect import InventedAnswers, cite_examples
+
+    memory = InventedAnswers()
+    memory.remember([failure("card_arrival", "shipping_time"), failure("card_arrival", "card_payment"),
+                     failure("exchange_rate", "card_payment"),
+                     RolloutResult(candidate_id="c0", task_id="train:2", reward=1.0, status="ok", output="top_up")])
+    assert memory.answers() == ("card_payment", "shipping_time")  # failures only, most frequent first
+    settings = GepaParams(not_answer_lines=2).edit_settings()
+    proposal = cite_examples(SEED, [failure("top_up_failed", "exchange_rates")], settings, labels=LABELS,
+                             invented=memory.answers())
+    assert LearnedModule.parse(proposal.text).lines("not_answers") == (
+        "- `exchange_rates` (the label is `exchange_rate`)", "- `card_payment`")

@@ -11,13 +11,15 @@ proposers useful and prompt growth bounded.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 SECTION_HEADINGS = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:",
-                    "examples": "Examples (input -> answer):"}
+                    "examples": "Examples (input -> answer):",
+                    "not_answers": "Not valid answers (never reply with these):"}
 # `consolidate` rewrites the rules section in place; `rewrite` replaces the whole module
 SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolidate": "rules",
                      "examples": "examples"}
@@ -260,6 +262,28 @@ def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence
             seen.add(line.lower())
             lines.append(line)
             break
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+NEAR_LABEL = 0.85  # difflib ratio from which an invented answer is read as a misspelt label
+
+
+def not_answer_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
+    """Up to `limit` new lines naming answers the policy gave that are label-shaped but not
+    in the answer space (card_payment), each with the label it is a near spelling of when
+    there is one (verify_identity: the label is verify_my_identity)."""
+    by_canon = {canon(label): label for label in labels}
+    seen = {canon(line.removeprefix("- ").split("(")[0]) for line in existing}
+    lines: list[str] = []
+    for answer in given:
+        key = canon(answer)
+        if key in by_canon or key in seen or not _SNAKE.fullmatch(key):
+            continue
+        seen.add(key)
+        near = difflib.get_close_matches(key, list(by_canon), n=1, cutoff=NEAR_LABEL)
+        lines.append(f"- `{key}`" + (f" (the label is `{by_canon[near[0]]}`)" if near else ""))
         if len(lines) >= limit:
             break
     return lines

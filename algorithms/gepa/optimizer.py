@@ -28,7 +28,7 @@ from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
-from algorithms.gepa.reflect import CitationMemory, EditSettings, Proposal, Rotation, format_plan
+from algorithms.gepa.reflect import CitationMemory, EditSettings, InventedAnswers, Proposal, Rotation, format_plan
 from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
@@ -56,6 +56,9 @@ class GepaParams(BaseModel):
     # an `examples` edit with room left after its minibatch's citations also quotes those of
     # the run's earlier minibatch failures, the newest of at most this many (0: its own only)
     cited_memory: int = Field(default=0, ge=0)
+    # an `examples` edit also lists, in a "not valid answers" section of at most this many
+    # lines, the failures' answers that are label-shaped but not labels (0: never)
+    not_answer_lines: int = Field(default=0, ge=0)
     # a turn whose failures carry cited inputs starts with `examples` (reflect.format_plan)
     examples_first: bool = False
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
@@ -89,7 +92,8 @@ class GepaParams(BaseModel):
         return EditSettings(max_examples=self.max_examples, max_new_lines=self.max_new_lines,
                             max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs,
                             max_example_lines=self.max_example_lines,
-                            max_cited_lines=self.max_cited_lines or self.max_new_lines)
+                            max_cited_lines=self.max_cited_lines or self.max_new_lines,
+                            not_answer_lines=self.not_answer_lines)
 
 
 class MinibatchSampler:
@@ -126,6 +130,7 @@ class GepaOptimizer:
         frontier = ParetoFrontier(ctx.pools.pareto)
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
+        self._invented = InventedAnswers()  # fed from the seed's scores on, before the loop starts
         minibatch_rows, self._select_rows = split_train(
             ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
         with ExitStack() as held:
@@ -208,6 +213,7 @@ class GepaOptimizer:
         seed = ctx.seed_candidate
         try:
             seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
+            self._invented.remember(seed_results)
             frontier.add(seed.candidate_id, [r.reward for r in seed_results])
             ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
         finally:
@@ -282,6 +288,7 @@ class GepaOptimizer:
         module, turn = self._rotation.next(iteration)
         child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         self._memory.remember(parent_results)
+        self._invented.remember(parent_results)
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, [parent_score], "proposal")
 
@@ -313,6 +320,7 @@ class GepaOptimizer:
             return
         reservation.spend(len(pareto))
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        self._invented.remember(pareto_results)
         await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
@@ -384,7 +392,7 @@ class GepaOptimizer:
                             samples=params.proposal_samples, lines_wanted=params.lines_wanted,
                             sampling={"temperature": temperature,
                                       "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens},
-                            earlier=self._memory.pairs())
+                            earlier=self._memory.pairs(), invented=self._invented.answers())
         plan = format_plan(current, params.edit_formats, turn_index, params.proposal_attempts, results, settings,
                            params.examples_first)
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,7 @@ from algorithms.gepa.edits import (
     copies_from,
     example_lines,
     flat,
+    not_answer_lines,
     pick,
     reply_lines,
     screen,
@@ -35,12 +37,13 @@ class EditSettings(BaseModel):
     screen_cited_inputs: bool
     max_example_lines: int
     max_cited_lines: int  # lines one `examples` edit adds
+    not_answer_lines: int = 0  # invented answers an `examples` edit also lists (0: none)
 
     @property
     def section_caps(self) -> dict[str, int]:
         """Lines each learned section keeps at most."""
-        return {kind: self.max_example_lines if kind == "examples" else self.max_learned_lines
-                for kind in SECTION_HEADINGS}
+        caps = {"examples": self.max_example_lines, "not_answers": self.not_answer_lines}
+        return {kind: caps.get(kind, self.max_learned_lines) for kind in SECTION_HEADINGS}
 
 
 class Proposal(BaseModel):
@@ -165,12 +168,14 @@ def cited_pairs(results: Sequence[RolloutResult]) -> list[tuple[str, tuple[str, 
 
 
 def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings,
-                  earlier: CitedPairs = ()) -> Proposal:
+                  earlier: CitedPairs = (), labels: Sequence[str] | None = None,
+                  invented: Sequence[str] = ()) -> Proposal:
     """The `examples` edit: inputs the container cited with their answers for the failed
     rows (`answer_examples`) other than the minibatch's own, then those of the run's
     `earlier` failures while the edit has room, added to the module's examples section,
-    whose oldest lines go once it is full. Unchanged when the container cites nothing new;
-    no proposer is called."""
+    whose oldest lines go once it is full. With `not_answer_lines` and an answer space, the
+    failures' answers that are not labels are listed too, then the run's `invented` ones
+    (most frequent first). Unchanged when there is nothing new; no proposer is called."""
     # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
     own = {flat(str(r.inputs or "")) for r in results}
     cited = [(answer, tuple(t for t in inputs if flat(t) not in own))
@@ -178,11 +183,19 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
     new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
-    base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new))
-    if not new:
+    if settings.not_answer_lines and labels:
+        listed = not_answer_lines([*(r.output for r in results if is_failure(r)), *invented], labels,
+                                  module.lines("not_answers"), settings.not_answer_lines)
+    else:
+        listed = []
+    base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new) + len(listed))
+    if not new and not listed:
         return Proposal(text=module_text, status="unchanged", **base)
-    kept = [*have, *new][-settings.max_example_lines:]
-    return Proposal(text=module.with_lines("examples", kept).render(), status="changed", **base)
+    if new:
+        module = module.with_lines("examples", [*have, *new][-settings.max_example_lines:])
+    if listed:
+        module = module.with_lines("not_answers", [*module.lines("not_answers"), *listed][-settings.not_answer_lines:])
+    return Proposal(text=module.render(), status="changed", **base)
 
 
 class CitationMemory:
@@ -250,3 +263,17 @@ def _rewrite(module_text: str, replies: Sequence[ChatResult], examples: list[str
             return Proposal(text=text, status="changed", dropped=dropped, **base)
         dropped[why] = dropped.get(why, 0) + 1
     return Proposal(text=module_text, status="unchanged", dropped=dropped, **base)
+
+
+class InventedAnswers:
+    """Answers the policy gave on the run's failed rollouts (seed, pareto and minibatch
+    scores alike), most frequent first: the examples edit lists those that are not labels."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def remember(self, results: Sequence[RolloutResult]) -> None:
+        self._counts.update(canon(r.output) for r in results if is_failure(r) and r.output.strip())
+
+    def answers(self) -> tuple[str, ...]:
+        return tuple(answer for answer, _ in self._counts.most_common())
