@@ -381,17 +381,19 @@ def test_a_rollout_whose_attempts_met_a_gone_process_is_sent_once_more_to_the_ne
     server = RawServer(["drop", "500", "ok"])
     events: list[str] = []
 
+    answers: list[str] = []
+
     async def send() -> Any:
         client = ContainerClient(f"http://127.0.0.1:{server.port}", timeout_s=2,
                                  retry=RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.01))
         keeper = ContainerKeeper(client, "raw", None, lambda kind, message, **data: events.append(kind))
         request = request_for("r-1", {"system": "Answer."}, {"task_id": "train:0", "x": 1}, "http://127.0.0.1:9/v1")
         try:
-            return await keeper.send(request, answers := [])
+            return await keeper.send(request, answers)
         finally:
             await client.aclose()
-            assert answers == ["HTTP 500: boom"]
 
     response = asyncio.run(send())
+    assert answers == ["HTTP 500: boom"]
     assert response.status == "ok" and response.reward_info.outcome_reward == 1.0
     assert events == [] and server.plan == []

@@ -114,7 +114,8 @@ def test_soak_fifty_runs_with_five_percent_faults(tmp_path: Path, data_dir: Path
         if fault["kind"] in RETRIED_KINDS:
             assert row["status"] == "ok", (fault, row["status"], row["error"])
         else:
-            assert row["status"] == "error" and row["reward"] is None, (fault, row["status"], row["error"])  # no reward, never a zero
+            # no reward, never a zero
+            assert row["status"] == "error" and row["reward"] is None, (fault, row["status"], row["error"])
         survived[fault["kind"]] += 1
     restarts = sum("container_restarted" in pq.read_table(p).column("kind").to_pylist()
                    for p in sweep_dir.glob("*/events.parquet"))
