@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from algorithms.protocol import Optimizer
-from harness.errors import ConfigError
+from pydantic import ValidationError
+
+from harness.errors import ConfigError, first_error
 
 OptimizerFactory = Callable[[dict[str, Any]], Optimizer]
 
@@ -39,6 +41,10 @@ def build_optimizer(name: str, params: dict[str, Any]) -> Optimizer:
         raise ConfigError(f"unknown algorithm {name!r}; known: {', '.join(sorted(registry))}")
     try:
         return registry[name](params)
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        first = str(exc).splitlines()
-        raise ConfigError(f"algorithm {name!r}: invalid params: {' '.join(first[:3])}") from exc
+    except ValidationError as exc:
+        error = first_error(exc)
+        what = (f"unknown param '{error.where}' (misspelled?)" if error.kind == "extra_forbidden"
+                else f"{error.where}: {error.message}" if error.where else error.message)
+        raise ConfigError(f"algorithm {name!r}: invalid params: {what}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"algorithm {name!r}: invalid params: {exc}") from exc

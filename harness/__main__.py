@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from harness.config import CONFIG_DIR, HarnessConfig, load_config, run_spec
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.tracking.hooks import open_target
 from harness.tracking.settings import MlflowTarget
 
@@ -90,6 +91,7 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     """Expand the sweep's axes: Hydra composes each grid point, our code schedules."""
     from hydra import compose
 
+    from harness.compose_check import point_error
     from harness.preflight import check_model_keys
     from harness.sweep.driver import run_sweep
     from harness.sweep.expand import expand, parse_sweep
@@ -103,7 +105,14 @@ def run_sweep_from_hydra(config: HarnessConfig, console: Console) -> int:
     searchpath = [o for o in HydraConfig.get().overrides.hydra if o.partition("=")[0] == "hydra.searchpath"]
 
     def compose_point(overrides: list[str]) -> dict:
-        cfg = compose(config_name="config", overrides=searchpath + overrides)
+        try:
+            cfg = compose(config_name="config", overrides=searchpath + overrides)
+        except (HydraException, ValueError) as exc:
+            # the command line composed on its own (compose_check): an override that the point's
+            # options lack, e.g. a param of one algorithm given to a sweep over several
+            point = " ".join(o for o in overrides if o not in user_overrides) or "(no axis)"
+            raise ConfigError(f"sweep {sweep.name}: the grid point {point} does not compose with the command "
+                              f"line: {point_error(exc)}") from exc
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
     planned = []

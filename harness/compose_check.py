@@ -40,10 +40,24 @@ def composition_error(argv: list[str], config_dir: str) -> str | None:
     except OverrideParseException as exc:
         return f"cannot parse the overrides: {str(exc).splitlines()[0]}"
     except HydraException as exc:
-        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "hydra.cc" not in line)
+        return one_line(exc)
     except ValueError as exc:  # Hydra's own checks of a value (a group given a number, say)
         return f"cannot apply the overrides: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
     return None
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra's message on one line, without its pointers to the docs and the full trace."""
+    return " ".join(line.strip() for line in str(exc).splitlines()
+                    if line.strip() and "hydra.cc" not in line and "HYDRA_FULL_ERROR" not in line)
+
+
+def point_error(exc: BaseException) -> str:
+    """One line for an override a sweep's grid point cannot take: a key its options lack
+    gets no advice to add it (Hydra's `+` hint), since other points have that key."""
+    if isinstance(exc.__cause__, (ConfigKeyError, ConfigAttributeError)):
+        return f"{str(exc).splitlines()[0]} (this point's config has no such key)"
+    return one_line(exc)
 
 
 def _hydra_command_line() -> argparse.ArgumentParser:

@@ -96,8 +96,10 @@ def load_config(raw: dict[str, Any], base_dir: str | None = None) -> HarnessConf
 
 
 def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str] | None = None) -> RunSpec:
+    from algorithms.registry import build_optimizer
+
     try:
-        return RunSpec(
+        spec = RunSpec(
             sweep=sweep, container=config.container, policy=config.policy, proposer=config.proposer,
             algorithm=config.algorithm, pools=config.pools.resolve(), budget=config.budget, seed=config.seed,
             heldout_candidates=config.heldout_candidates, concurrency=config.concurrency,
@@ -106,3 +108,7 @@ def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str
         )
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from exc
+    # the algorithm's own params are its optimizer's to judge: refused here, before any
+    # service starts (a sweep: before Ray), not when the run's turn comes
+    build_optimizer(spec.algorithm.name, spec.algorithm.params)
+    return spec

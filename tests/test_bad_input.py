@@ -58,6 +58,17 @@ def assert_one_error_line(result, lines: list[str], *needles: str, only_line: bo
     (["pools.heldout.split=train", "pools.heldout.start=0"], ["'pools'", "heldout overlaps train/pareto", "train:0"]),
     (["pools.train.count=0"], ["pools.train.count", "greater than 0"]),
     (["container.command=null"], ["container", "needs a command to start it or a url"]),
+    # an algorithm's params are its optimizer's to judge, still before any service starts
+    (["algorithm.name=nope"], ["unknown algorithm 'nope'", "gepa", "seed_only"]),
+    (["+algorithm.params.minibatch=3"], ["algorithm 'gepa': invalid params: unknown param 'minibatch' (misspelled?)"]),
+    (["+algorithm.params.not_answer_lines=-1"], ["algorithm 'gepa': invalid params: not_answer_lines:", "0"]),
+    (["algorithm=gepa_ai", "+algorithm.params.bogus=1"], ["algorithm 'gepa_ai': invalid params: unknown param 'bogus'"]),
+    # a sweep: every grid point's params, and an override some point's options lack, before Ray
+    (["+sweep=same_container", "sweep.algorithms=[gepa]", "algorithm.params.minibatch_size=0"],
+     ["algorithm 'gepa': invalid params: minibatch_size: Input should be greater than 0"]),
+    (["+sweep=same_container", "algorithm.params.minibatch_size=0"],
+     ["sweep same_container: the grid point", "algorithm=seed_only", "'algorithm.params.minibatch_size'",
+      "this point's config has no such key"]),
 ])
 def test_config_errors_print_one_line_and_start_nothing(tmp_path, data_dir, overrides, needles) -> None:
     result, lines, evidence = harness(tmp_path, data_dir, *overrides)
@@ -97,8 +108,6 @@ def test_composition_errors_are_one_line(tmp_path, data_dir, override, needles) 
 @pytest.mark.parametrize("overrides, needles", [
     (["pools.heldout.count=999999"], ["task id 'test:3080' in pool heldout is not in the taskset", "3080 rows"]),
     (["pools.pareto.split=validation"], ["pool pareto names split 'validation'", "['test', 'train']"]),
-    (["algorithm.name=nope"], ["unknown algorithm 'nope'", "gepa", "seed_only"]),
-    (["+algorithm.params.minibatch=3"], ["algorithm 'gepa': invalid params", "minibatch"]),
     (["container.target_modules=[other]"], ["container banking77", "lacks target module(s) ['other']"]),
     (["container.target_modules=[]"], ["advertises target module(s) ['stage2_system'] the config does not name"]),
     (["+pools.pareto.stratify_by=intent", "+pools.pareto.window=40"],
