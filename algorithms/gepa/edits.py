@@ -270,7 +270,7 @@ def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence
 NEAR_LABEL = 0.85  # difflib ratio from which an invented answer is read as a misspelt label
 
 
-def not_answer_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
+def invented_answer_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
     """Up to `limit` new lines naming answers the policy gave that are label-shaped but not
     in the answer space (card_payment), each with the label it is a near spelling of when
     there is one (verify_identity: the label is verify_my_identity)."""

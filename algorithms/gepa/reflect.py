@@ -18,7 +18,7 @@ from algorithms.gepa.edits import (
     copies_from,
     example_lines,
     flat,
-    not_answer_lines,
+    invented_answer_lines,
     pick,
     reply_lines,
     screen,
@@ -184,8 +184,8 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     have = list(module.lines("examples"))
     new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
     if settings.not_answer_lines and labels:
-        listed = not_answer_lines([*(r.output for r in results if is_failure(r)), *invented], labels,
-                                  module.lines("not_answers"), settings.not_answer_lines)
+        listed = invented_answer_lines([*(r.output for r in results if is_failure(r)), *invented], labels,
+                                       module.lines("not_answers"), settings.not_answer_lines)
     else:
         listed = []
     base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new) + len(listed))
