@@ -474,3 +474,17 @@ def test_the_runs_invented_answers_are_listed_most_frequent_first() -> None:
                              invented=memory.answers())
     assert LearnedModule.parse(proposal.text).lines("not_answers") == (
         "- `exchange_rates` (the label is `exchange_rate`)", "- `card_payment`")
+
+
+def test_the_spell_style_names_the_labels_invented_answers_misspell_and_never_the_answers() -> None:
+    from algorithms.gepa.reflect import cite_examples
+
+    results = [failure("exchange_rate", "exchange_rates"), failure("card_arrival", "card_payment")]
+    settings = GepaParams(not_answer_lines=4, not_answer_style="spell").edit_settings()
+    proposal = cite_examples(SEED, results, settings, labels=LABELS)
+    assert LearnedModule.parse(proposal.text).lines("spellings") == ("- `exchange_rate`",)
+    assert "exchange_rates" not in proposal.text and "card_payment" not in proposal.text
+    assert cite_examples(proposal.text, results, settings, labels=LABELS).status == "unchanged"  # each once
+    one = GepaParams(not_answer_lines=1, not_answer_style="spell").edit_settings()
+    capped = cite_examples(SEED, [*results, failure("top_up_failed", "top_up_faild")], one, labels=LABELS)
+    assert LearnedModule.parse(capped.text).lines("spellings") == ("- `exchange_rate`",)  # the cap

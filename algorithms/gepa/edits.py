@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 SECTION_HEADINGS = {"rules": "Rules learned from mistakes:", "answer_guide": "Answer guide:",
                     "examples": "Examples (input -> answer):",
-                    "not_answers": "Not valid answers (never reply with these):"}
+                    "not_answers": "Not valid answers (never reply with these):",
+                    "spellings": "Write labels in full, exactly as listed, e.g.:"}
 # `consolidate` rewrites the rules section in place; `rewrite` replaces the whole module
 SECTION_OF_FORMAT = {"rules": "rules", "answer_guide": "answer_guide", "consolidate": "rules",
                      "examples": "examples"}
@@ -286,6 +287,26 @@ def invented_answer_lines(given: Sequence[str], labels: Sequence[str], existing:
         lines.append(f"- `{key}`" + (f" (the label is `{by_canon[near[0]]}`)" if near else ""))
         if len(lines) >= limit:
             break
+    return lines
+
+
+def spelling_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
+    """Up to `limit` new lines naming in full the labels that answers the policy gave are
+    near spellings of (verify_identity: verify_my_identity), never the invented answer itself:
+    a small policy told never to write a word writes it more often."""
+    by_canon = {canon(label): label for label in labels}
+    have = {canon(line.removeprefix("- ").strip().strip("`")) for line in existing}
+    lines: list[str] = []
+    for answer in given:
+        key = canon(answer)
+        if key in by_canon or not _SNAKE.fullmatch(key):
+            continue
+        near = difflib.get_close_matches(key, list(by_canon), n=1, cutoff=NEAR_LABEL)
+        if near and near[0] not in have:
+            have.add(near[0])
+            lines.append(f"- `{by_canon[near[0]]}`")
+            if len(lines) >= limit:
+                break
     return lines
 
 

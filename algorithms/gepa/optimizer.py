@@ -19,7 +19,7 @@ import asyncio
 import json
 import random
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -56,9 +56,12 @@ class GepaParams(BaseModel):
     # an `examples` edit with room left after its minibatch's citations also quotes those of
     # the run's earlier minibatch failures, the newest of at most this many (0: its own only)
     cited_memory: int = Field(default=0, ge=0)
-    # an `examples` edit also lists, in a "not valid answers" section of at most this many
-    # lines, the failures' answers that are label-shaped but not labels (0: never)
+    # an `examples` edit also keeps a section of at most this many lines on the failures'
+    # answers that are label-shaped but not labels (0: never)
     not_answer_lines: int = Field(default=0, ge=0)
+    # forbid: the section names those answers as not valid; spell: it names in full the
+    # labels they are near spellings of, never the invented answers themselves
+    not_answer_style: Literal["forbid", "spell"] = "forbid"
     # a turn whose failures carry cited inputs starts with `examples` (reflect.format_plan)
     examples_first: bool = False
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
@@ -93,7 +96,7 @@ class GepaParams(BaseModel):
                             max_learned_lines=self.max_learned_lines, screen_cited_inputs=self.screen_cited_inputs,
                             max_example_lines=self.max_example_lines,
                             max_cited_lines=self.max_cited_lines or self.max_new_lines,
-                            not_answer_lines=self.not_answer_lines)
+                            not_answer_lines=self.not_answer_lines, not_answer_style=self.not_answer_style)
 
 
 class MinibatchSampler:

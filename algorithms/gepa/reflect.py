@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,7 @@ from algorithms.gepa.edits import (
     example_lines,
     flat,
     invented_answer_lines,
+    spelling_lines,
     pick,
     reply_lines,
     screen,
@@ -38,11 +39,13 @@ class EditSettings(BaseModel):
     max_example_lines: int
     max_cited_lines: int  # lines one `examples` edit adds
     not_answer_lines: int = 0  # invented answers an `examples` edit also lists (0: none)
+    not_answer_style: Literal["forbid", "spell"] = "forbid"  # GepaParams.not_answer_style
 
     @property
     def section_caps(self) -> dict[str, int]:
         """Lines each learned section keeps at most."""
-        caps = {"examples": self.max_example_lines, "not_answers": self.not_answer_lines}
+        caps = {"examples": self.max_example_lines, "not_answers": self.not_answer_lines,
+                "spellings": self.not_answer_lines}
         return {kind: caps.get(kind, self.max_learned_lines) for kind in SECTION_HEADINGS}
 
 
@@ -174,8 +177,9 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     rows (`answer_examples`) other than the minibatch's own, then those of the run's
     `earlier` failures while the edit has room, added to the module's examples section,
     whose oldest lines go once it is full. With `not_answer_lines` and an answer space, the
-    failures' answers that are not labels are listed too, then the run's `invented` ones
-    (most frequent first). Unchanged when there is nothing new; no proposer is called."""
+    failures' answers that are not labels, then the run's `invented` ones (most frequent
+    first), are listed as not valid (`forbid`) or by the labels they misspell (`spell`).
+    Unchanged when there is nothing new; no proposer is called."""
     # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
     own = {flat(str(r.inputs or "")) for r in results}
     cited = [(answer, tuple(t for t in inputs if flat(t) not in own))
@@ -183,9 +187,11 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     module = LearnedModule.parse(module_text)
     have = list(module.lines("examples"))
     new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
+    section, lister = (("spellings", spelling_lines) if settings.not_answer_style == "spell"
+                       else ("not_answers", invented_answer_lines))
     if settings.not_answer_lines and labels:
-        listed = invented_answer_lines([*(r.output for r in results if is_failure(r)), *invented], labels,
-                                       module.lines("not_answers"), settings.not_answer_lines)
+        listed = lister([*(r.output for r in results if is_failure(r)), *invented], labels,
+                        module.lines(section), settings.not_answer_lines)
     else:
         listed = []
     base: dict[str, Any] = dict(edit_format="examples", prompt="", added=len(new) + len(listed))
@@ -194,7 +200,7 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     if new:
         module = module.with_lines("examples", [*have, *new][-settings.max_example_lines:])
     if listed:
-        module = module.with_lines("not_answers", [*module.lines("not_answers"), *listed][-settings.not_answer_lines:])
+        module = module.with_lines(section, [*module.lines(section), *listed][-settings.not_answer_lines:])
     return Proposal(text=module.render(), status="changed", **base)
 
 
