@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from algorithms.protocol import Optimizer
 from pydantic import ValidationError
 
+from algorithms.protocol import Optimizer
 from harness.errors import ConfigError, first_error
 
 OptimizerFactory = Callable[[dict[str, Any]], Optimizer]

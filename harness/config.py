@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from algorithms.registry import build_optimizer
 from harness.errors import ConfigError, first_error
 from harness.gateway.models import GatewaySettings
 from harness.services import LocalServerOptions
@@ -96,8 +97,6 @@ def load_config(raw: dict[str, Any], base_dir: str | None = None) -> HarnessConf
 
 
 def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str] | None = None) -> RunSpec:
-    from algorithms.registry import build_optimizer
-
     try:
         spec = RunSpec(
             sweep=sweep, container=config.container, policy=config.policy, proposer=config.proposer,

@@ -19,10 +19,10 @@ from algorithms.gepa.edits import (
     example_lines,
     flat,
     invented_answer_lines,
-    spelling_lines,
     pick,
     reply_lines,
     screen,
+    spelling_lines,
     strip_fence,
 )
 from algorithms.gepa.proposer import answer_space, build_messages, is_failure, reflection_examples
