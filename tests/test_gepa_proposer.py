@@ -462,16 +462,19 @@ def test_an_examples_edit_lists_invented_answers_when_asked() -> None:
 
 
 def test_the_runs_invented_answers_are_listed_most_frequent_first() -> None:
-    from algorithms.gepa.reflect import InventedAnswers, cite_examples
+    from algorithms.gepa.reflect import FailedAnswers, cite_examples
 
-    memory = InventedAnswers()
-    memory.remember([failure("card_arrival", "shipping_time"), failure("card_arrival", "card_payment"),
-                     failure("exchange_rate", "card_payment"),
-                     RolloutResult(candidate_id="c0", task_id="train:2", reward=1.0, status="ok", output="top_up")])
+    scored = [failure("card_arrival", "shipping_time"), failure("card_arrival", "card_payment"),
+              failure("exchange_rate", "card_payment"),
+              RolloutResult(candidate_id="c0", task_id="train:2", reward=1.0, status="ok", output="top_up")]
+    memory, unkept = FailedAnswers(), FailedAnswers(kept=False)
+    memory.remember(scored)
+    unkept.remember(scored)
     assert memory.answers() == ("card_payment", "shipping_time")  # failures only, most frequent first
+    assert unkept.answers() == ()  # a run without the section keeps no tally
     settings = GepaParams(not_answer_lines=2).edit_settings()
     proposal = cite_examples(SEED, [failure("top_up_failed", "exchange_rates")], settings, labels=LABELS,
-                             invented=memory.answers())
+                             failed_answers=memory.answers())
     assert LearnedModule.parse(proposal.text).lines("not_answers") == (
         "- `exchange_rates` (the label is `exchange_rate`)", "- `card_payment`")
 

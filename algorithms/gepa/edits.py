@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 
 from pydantic import BaseModel, ConfigDict
 
@@ -271,40 +272,40 @@ def example_lines(cited: Sequence[tuple[str, Sequence[str]]], existing: Sequence
 NEAR_LABEL = 0.85  # difflib ratio from which an invented answer is read as a misspelt label
 
 
-def invented_answer_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
-    """Up to `limit` new lines naming answers the policy gave that are label-shaped but not
-    in the answer space (card_payment), each with the label it is a near spelling of when
-    there is one (verify_identity: the label is verify_my_identity)."""
+def near_misses(given: Sequence[str], labels: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    """Each answer the policy gave that is label-shaped but not in the answer space, once,
+    in the order given, with the label it is a near spelling of (verify_identity:
+    verify_my_identity) or None."""
     by_canon = {canon(label): label for label in labels}
-    seen = {canon(line.removeprefix("- ").split("(")[0]) for line in existing}
-    lines: list[str] = []
+    seen: set[str] = set()
     for answer in given:
         key = canon(answer)
         if key in by_canon or key in seen or not _SNAKE.fullmatch(key):
             continue
         seen.add(key)
         near = difflib.get_close_matches(key, list(by_canon), n=1, cutoff=NEAR_LABEL)
-        lines.append(f"- `{key}`" + (f" (the label is `{by_canon[near[0]]}`)" if near else ""))
-        if len(lines) >= limit:
-            break
-    return lines
+        yield key, (by_canon[near[0]] if near else None)
+
+
+def invented_answer_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
+    """Up to `limit` new lines naming the `near_misses` among the answers, each with the
+    label it is a near spelling of when there is one."""
+    listed = {canon(line.removeprefix("- ").split("(")[0]) for line in existing}
+    lines = (f"- `{key}`" + (f" (the label is `{label}`)" if label else "")
+             for key, label in near_misses(given, labels) if key not in listed)
+    return list(islice(lines, limit))
 
 
 def spelling_lines(given: Sequence[str], labels: Sequence[str], existing: Sequence[str], limit: int) -> list[str]:
-    """Up to `limit` new lines naming in full the labels that answers the policy gave are
-    near spellings of (verify_identity: verify_my_identity), never the invented answer itself:
-    a small policy told never to write a word writes it more often."""
-    by_canon = {canon(label): label for label in labels}
-    have = {canon(line.removeprefix("- ").strip().strip("`")) for line in existing}
+    """Up to `limit` new lines naming in full the labels that the `near_misses` among the
+    answers are near spellings of, never the invented answer itself: a small policy told
+    never to write a word writes it more often."""
+    listed = {canon(line.removeprefix("- ").strip().strip("`")) for line in existing}
     lines: list[str] = []
-    for answer in given:
-        key = canon(answer)
-        if key in by_canon or not _SNAKE.fullmatch(key):
-            continue
-        near = difflib.get_close_matches(key, list(by_canon), n=1, cutoff=NEAR_LABEL)
-        if near and near[0] not in have:
-            have.add(near[0])
-            lines.append(f"- `{by_canon[near[0]]}`")
+    for _, label in near_misses(given, labels):
+        if label and canon(label) not in listed:
+            listed.add(canon(label))
+            lines.append(f"- `{label}`")
             if len(lines) >= limit:
                 break
     return lines

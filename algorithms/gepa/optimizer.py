@@ -28,7 +28,7 @@ from algorithms.gepa.loop import LoopState, all_or_first_error
 from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
-from algorithms.gepa.reflect import CitationMemory, EditSettings, InventedAnswers, Proposal, Rotation, format_plan
+from algorithms.gepa.reflect import CitationMemory, EditSettings, FailedAnswers, Proposal, Rotation, format_plan
 from algorithms.gepa.select import best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
@@ -133,7 +133,8 @@ class GepaOptimizer:
         frontier = ParetoFrontier(ctx.pools.pareto)
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
-        self._invented = InventedAnswers()  # fed from the seed's scores on, before the loop starts
+        # fed from the seed's scores on, before the loop starts; kept only for not_answer_lines
+        self._failed_answers = FailedAnswers(kept=self.params.not_answer_lines > 0)
         minibatch_rows, self._select_rows = split_train(
             ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
         with ExitStack() as held:
@@ -216,7 +217,7 @@ class GepaOptimizer:
         seed = ctx.seed_candidate
         try:
             seed_results = await ctx.evaluate(seed, list(ctx.pools.pareto), "seed")
-            self._invented.remember(seed_results)
+            self._failed_answers.remember(seed_results)
             frontier.add(seed.candidate_id, [r.reward for r in seed_results])
             ctx.report_best(frontier.mean(seed.candidate_id) or 0.0)
         finally:
@@ -291,7 +292,7 @@ class GepaOptimizer:
         module, turn = self._rotation.next(iteration)
         child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         self._memory.remember(parent_results)
-        self._invented.remember(parent_results)
+        self._failed_answers.remember(parent_results)
         if child is not None:
             await self._judge(ctx, frontier, child, minibatch, reservation, [parent_score], "proposal")
 
@@ -323,7 +324,7 @@ class GepaOptimizer:
             return
         reservation.spend(len(pareto))
         pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
-        self._invented.remember(pareto_results)
+        self._failed_answers.remember(pareto_results)
         await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
@@ -395,7 +396,7 @@ class GepaOptimizer:
                             samples=params.proposal_samples, lines_wanted=params.lines_wanted,
                             sampling={"temperature": temperature,
                                       "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens},
-                            earlier=self._memory.pairs(), invented=self._invented.answers())
+                            earlier=self._memory.pairs(), failed_answers=self._failed_answers.answers())
         plan = format_plan(current, params.edit_formats, turn_index, params.proposal_attempts, results, settings,
                            params.examples_first)
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too

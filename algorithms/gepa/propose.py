@@ -81,7 +81,7 @@ class TurnInputs:
     lines_wanted: int
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, max_tokens
     earlier: CitedPairs = ()  # citations of the run's earlier failures, for an `examples` edit with room left
-    invented: tuple[str, ...] = ()  # the run's failed answers, most frequent first (not_answer_lines)
+    failed_answers: tuple[str, ...] = ()  # the run's failed answers, most frequent first (not_answer_lines)
 
 
 async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
@@ -152,7 +152,7 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
 
 def _cite(inputs: TurnInputs) -> Proposal:
     return cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier,
-                         answer_space(inputs.task_info), inputs.invented)
+                         answer_space(inputs.task_info), inputs.failed_answers)
 
 
 def _screen(inputs: TurnInputs, messages: list[ChatMessage], replies: list[ChatResult], edit_format: str) -> Proposal:

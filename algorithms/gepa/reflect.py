@@ -172,12 +172,12 @@ def cited_pairs(results: Sequence[RolloutResult]) -> list[tuple[str, tuple[str, 
 
 def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: EditSettings,
                   earlier: CitedPairs = (), labels: Sequence[str] | None = None,
-                  invented: Sequence[str] = ()) -> Proposal:
+                  failed_answers: Sequence[str] = ()) -> Proposal:
     """The `examples` edit: inputs the container cited with their answers for the failed
     rows (`answer_examples`) other than the minibatch's own, then those of the run's
     `earlier` failures while the edit has room, added to the module's examples section,
     whose oldest lines go once it is full. With `not_answer_lines` and an answer space, the
-    failures' answers that are not labels, then the run's `invented` ones (most frequent
+    failures' answers that are not labels, then the run's `failed_answers` (most frequent
     first), are listed as not valid (`forbid`) or by the labels they misspell (`spell`).
     Unchanged when there is nothing new; no proposer is called."""
     # not the minibatch's own inputs: quoting them would win the minibatch the child is judged on
@@ -190,7 +190,7 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     section, lister = (("spellings", spelling_lines) if settings.not_answer_style == "spell"
                        else ("not_answers", invented_answer_lines))
     if settings.not_answer_lines and labels:
-        listed = lister([*(r.output for r in results if is_failure(r)), *invented], labels,
+        listed = lister([*(r.output for r in results if is_failure(r)), *failed_answers], labels,
                         module.lines(section), settings.not_answer_lines)
     else:
         listed = []
@@ -271,15 +271,18 @@ def _rewrite(module_text: str, replies: Sequence[ChatResult], examples: list[str
     return Proposal(text=module_text, status="unchanged", dropped=dropped, **base)
 
 
-class InventedAnswers:
+class FailedAnswers:
     """Answers the policy gave on the run's failed rollouts (seed, pareto and minibatch
-    scores alike), most frequent first: the examples edit lists those that are not labels."""
+    scores alike), most frequent first: the examples edit lists those that are not labels.
+    Not `kept`, it remembers nothing (a run without that section)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: bool = True) -> None:
+        self.kept = kept
         self._counts: Counter[str] = Counter()
 
     def remember(self, results: Sequence[RolloutResult]) -> None:
-        self._counts.update(canon(r.output) for r in results if is_failure(r) and r.output.strip())
+        if self.kept:
+            self._counts.update(canon(r.output) for r in results if is_failure(r) and r.output.strip())
 
     def answers(self) -> tuple[str, ...]:
         return tuple(answer for answer, _ in self._counts.most_common())
