@@ -61,7 +61,7 @@ def assert_one_error_line(result, lines: list[str], *needles: str, only_line: bo
     # an algorithm's params are its optimizer's to judge, still before any service starts
     (["algorithm.name=nope"], ["unknown algorithm 'nope'", "gepa", "seed_only"]),
     (["+algorithm.params.minibatch=3"], ["algorithm 'gepa': invalid params: unknown param 'minibatch' (misspelled?)"]),
-    (["+algorithm.params.not_answer_lines=-1"], ["algorithm 'gepa': invalid params: not_answer_lines:", "0"]),
+    (["algorithm.params.not_answer_lines=-1"], ["algorithm 'gepa': invalid params: not_answer_lines:", "0"]),
     (["algorithm=gepa_ai", "+algorithm.params.bogus=1"], ["algorithm 'gepa_ai': invalid params: unknown param 'bogus'"]),
     # a sweep: every grid point's params, and an override some point's options lack, before Ray
     (["+sweep=same_container", "sweep.algorithms=[gepa]", "algorithm.params.minibatch_size=0"],
