@@ -277,13 +277,14 @@ def near_misses(given: Sequence[str], labels: Sequence[str]) -> Iterator[tuple[s
     in the order given, with the label it is a near spelling of (verify_identity:
     verify_my_identity) or None."""
     by_canon = {canon(label): label for label in labels}
+    candidates = list(by_canon)
     seen: set[str] = set()
     for answer in given:
         key = canon(answer)
         if key in by_canon or key in seen or not _SNAKE.fullmatch(key):
             continue
         seen.add(key)
-        near = difflib.get_close_matches(key, list(by_canon), n=1, cutoff=NEAR_LABEL)
+        near = difflib.get_close_matches(key, candidates, n=1, cutoff=NEAR_LABEL)
         yield key, (by_canon[near[0]] if near else None)
 
 
