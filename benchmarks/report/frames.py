@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from benchmarks.report import conclusions
+from benchmarks.report.conclusions import ChartPlan
 
 
 @dataclass(frozen=True)
@@ -33,4 +33,4 @@ class ReportFrames:
     noise: pl.DataFrame  # the seed's run-to-run spread per (task, policy, seed rows)
     trace: pl.DataFrame  # a single run's optimization trace (empty for several runs)
     conclusions: pl.DataFrame  # one sentence per task and subject: chart titles and summary.md
-    charts: conclusions.ChartPlan
+    charts: ChartPlan
