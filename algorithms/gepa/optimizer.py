@@ -133,8 +133,8 @@ class GepaOptimizer:
         frontier = ParetoFrontier(ctx.pools.pareto)
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
-        # fed from the seed's scores on, before the loop starts; kept only for not_answer_lines
-        self._failed_answers = FailedAnswers(kept=self.params.not_answer_lines > 0)
+        # fed from the seed's scores on, before the loop starts
+        self._failed_answers = FailedAnswers(kept=self.params.edit_settings().lists_failed_answers)
         minibatch_rows, self._select_rows = split_train(
             ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
         with ExitStack() as held:

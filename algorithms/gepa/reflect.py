@@ -42,6 +42,11 @@ class EditSettings(BaseModel):
     not_answer_style: Literal["forbid", "spell"] = "forbid"  # GepaParams.not_answer_style
 
     @property
+    def lists_failed_answers(self) -> bool:
+        """Whether an `examples` edit also lists invented answers, so the run tallies them."""
+        return self.not_answer_lines > 0
+
+    @property
     def section_caps(self) -> dict[str, int]:
         """Lines each learned section keeps at most."""
         caps = {"examples": self.max_example_lines, "not_answers": self.not_answer_lines,
@@ -189,7 +194,7 @@ def cite_examples(module_text: str, results: Sequence[RolloutResult], settings: 
     new = example_lines(cited, module.all_lines(), settings.max_cited_lines)
     section, lister = (("spellings", spelling_lines) if settings.not_answer_style == "spell"
                        else ("not_answers", invented_answer_lines))
-    if settings.not_answer_lines and labels:
+    if settings.lists_failed_answers and labels:
         listed = lister([*(r.output for r in results if is_failure(r)), *failed_answers], labels,
                         module.lines(section), settings.not_answer_lines)
     else:
