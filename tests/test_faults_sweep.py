@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -291,6 +292,21 @@ def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path)
     rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
     assert {k: r["status"] for k, r in rows.items()} == {"a": "pending", "b": "failed", "c": "skipped"}
     assert rows["b"]["error"] == "container exited with code 3"
+
+
+def test_a_carried_row_names_the_evidence_where_the_sweep_folder_is_now(tmp_path) -> None:
+    """A sweep folder copied elsewhere (another clone, another machine): its index's rows of
+    earlier runs name their evidence in the copy, not the path they were first written at."""
+    SweepStore(str(tmp_path / "first"), "s").write_index(
+        [{"run_id": "c", "status": "done", "seed": 2, "attempts": 1, "evidence_dir": str(tmp_path / "first/s/c")},
+         {"run_id": "d", "status": "failed", "seed": 3, "attempts": 1, "error": "no evidence", "evidence_dir": None}])
+    shutil.copytree(tmp_path / "first", tmp_path / "copy")
+    later = SweepStore(str(tmp_path / "copy"), "s")
+    later.earlier_runs(set())
+    later.write_index([])
+    rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "copy" / "s" / "index.parquet").to_pylist()}
+    assert rows["c"]["evidence_dir"] == later.run_location("c").run_dir
+    assert rows["c"]["evidence_dir"].startswith(str(tmp_path / "copy")) and rows["d"]["evidence_dir"] is None
 
 
 def test_a_driver_killed_mid_write_leaves_no_temporary_for_the_next(tmp_path) -> None:

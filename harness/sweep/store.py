@@ -112,9 +112,12 @@ class SweepStore:
         except (OSError, pa.ArrowException) as exc:
             raise HarnessError(f"{path}: unreadable sweep index ({first_line(exc)}); "
                                "move it aside to start a new one") from exc
-        # a run an interrupted invocation left running is not running now: it is still to do
+        # a run an interrupted invocation left running is not running now: it is still to do;
+        # evidence is in this folder wherever the folder is now (copied, cloned), not where
+        # the row was written
         self._carried = [{**{k: r.get(k) for k in INDEX_SCHEMA.names},
-                          **({"status": "pending"} if r.get("status") == "running" else {})}
+                          **({"status": "pending"} if r.get("status") == "running" else {}),
+                          **({"evidence_dir": self.run_location(r["run_id"]).run_dir} if r.get("evidence_dir") else {})}
                          for r in rows if r.get("run_id") not in planned]
         return {r["run_id"]: {"axes": json.loads(r["axes_json"] or "{}"), "identity": json.loads(r["identity_json"])}
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
