@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from algorithms.registry import build_optimizer
+from algorithms.registry import build_optimizer, params_from_container
 from harness.errors import ConfigError, first_error
 from harness.gateway.models import GatewaySettings
 from harness.services import LocalServerOptions
@@ -97,10 +97,12 @@ def load_config(raw: dict[str, Any], base_dir: str | None = None) -> HarnessConf
 
 
 def run_spec(config: HarnessConfig, *, sweep: str = "local", axes: dict[str, str] | None = None) -> RunSpec:
+    algorithm = config.algorithm.model_copy(update={"params": params_from_container(
+        config.algorithm.name, config.algorithm.params, config.container)})
     try:
         spec = RunSpec(
             sweep=sweep, container=config.container, policy=config.policy, proposer=config.proposer,
-            algorithm=config.algorithm, pools=config.pools.resolve(), budget=config.budget, seed=config.seed,
+            algorithm=algorithm, pools=config.pools.resolve(), budget=config.budget, seed=config.seed,
             heldout_candidates=config.heldout_candidates, concurrency=config.concurrency,
             checkpoint_every_s=config.checkpoint_every_s,
             evidence_root=config.evidence_root, axes=axes or {},

@@ -173,6 +173,11 @@ class RunContext:
 
     # ---- rollouts ----------------------------------------------------------------
 
+    async def task_rows(self, task_ids: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """The container's rows of `task_ids` (preflight's, else asked for now)."""
+        await self._rows_for(list(task_ids))
+        return {t: self._rows[t] for t in task_ids}
+
     async def _rows_for(self, task_ids: list[str]) -> None:
         missing = [t for t in task_ids if t not in self._rows]
         by_split: dict[str, list[str]] = {}

@@ -60,6 +60,10 @@ async def preflight(client: ContainerClient, spec: RunSpec, expected_modules: li
         pools = spec.pools.chosen(rows)
     except ValueError as exc:
         raise PreflightError(f"container {name}: {exc}") from exc
+    label = spec.container.label_field
+    unlabelled = next((t for t in (*pools.train, *pools.pareto) if label and rows[t].get(label) is None), None)
+    if unlabelled is not None:
+        raise PreflightError(f"container {name}: its label_field is {label!r}, and task {unlabelled} has no such field")
     return PreflightResult(program=program, taskset=taskset, task_info=task_info, rows=rows, pools=pools)
 
 

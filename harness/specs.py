@@ -63,6 +63,10 @@ class ContainerSpec(Spec):
     request_timeout_s: float = Field(default=180.0, gt=0)
     # the report counts a row as solved (coverage) at reward >= this; None: 1.0 (exact match)
     solved_threshold: float | None = Field(default=None, gt=0)
+    # the field of the container's rows that holds a row's class (its expected label), where
+    # its rows carry one. Not in the run id: the container does the same with or without
+    # it; an optimizer that reads it takes it as a param (algorithms/registry.py)
+    label_field: str | None = Field(default=None, min_length=1)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -113,6 +113,7 @@ def test_composition_errors_are_one_line(tmp_path, data_dir, override, needles) 
     (["+pools.pareto.stratify_by=intent", "+pools.pareto.window=40"],
      ["pool pareto is stratified by 'intent'", "task train:60 has no such field"]),
     (["+pools.pareto.stratify_by=label"], ["a stratified pool needs split, count and a window of at least count rows"]),
+    (["+container.label_field=intent"], ["its label_field is 'intent'", "task train:0 has no such field"]),
 ])
 def test_preflight_errors_stop_before_any_rollout(tmp_path, data_dir, banking77_url, overrides, needles) -> None:
     # attach to the session's banking77 (started once) instead of starting one per case

@@ -167,3 +167,21 @@ def test_the_models_profile_sets_the_sweeps_axes(hydra_configs, profile, contain
     mine = parse_sweep(load_config(compose_raw(["+sweep=proposer_scaling", f"models={profile}",
                                                 "sweep.containers=[hotpotqa]"]), base_dir=str(REPO)).sweep)
     assert mine.containers == ["hotpotqa"]
+
+
+def test_the_containers_label_field_reaches_only_the_optimizers_that_read_it(hydra_configs):
+    """heart_disease names its rows' class field: GEPA takes it as `select_spread_by` (a new
+    run id); the library and seed-only arms do not read it and keep their run ids; a param
+    the config gives itself wins."""
+    _, gepa = validate(compose_raw(["container=heart_disease"]))
+    assert gepa.algorithm.params["select_spread_by"] == "target"
+    _, plain = validate(compose_raw(["container=heart_disease", "container.label_field=null"]))
+    assert "select_spread_by" not in plain.algorithm.params and plain.run_id != gepa.run_id
+    _, given = validate(compose_raw(["container=heart_disease", "+algorithm.params.select_spread_by=sex"]))
+    assert given.algorithm.params["select_spread_by"] == "sex"
+    for algorithm in ("gepa_ai", "seed_only"):
+        ids = {validate(compose_raw(["container=heart_disease", f"algorithm={algorithm}", *extra]))[1].run_id
+               for extra in ([], ["container.label_field=null"])}
+        assert len(ids) == 1
+    _, banking = validate(compose_raw([]))
+    assert "select_spread_by" not in banking.algorithm.params  # no label_field: the default run's id stays

@@ -19,7 +19,7 @@ import asyncio
 import json
 import random
 from contextlib import ExitStack
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -82,6 +82,9 @@ class GepaParams(BaseModel):
     # the pick is the best mean on those rows (algorithms/gepa/select.py). 0: best pareto mean.
     select_top: int = Field(default=0, ge=0)
     select_rows: int = Field(default=30, gt=0)
+    # a row field holding each row's class: the rows kept apart take each class's share of
+    # the train pool. Unset, it is the container's `label_field` (configs/container/).
+    select_spread_by: str | None = Field(default=None, min_length=1)
 
     @field_validator("edit_formats")
     @classmethod
@@ -121,6 +124,7 @@ class MinibatchSampler:
 
 class GepaOptimizer:
     name = "gepa"
+    container_params: ClassVar[dict[str, str]] = {"select_spread_by": "label_field"}
 
     def __init__(self, params: GepaParams):
         self.params = params
@@ -135,8 +139,9 @@ class GepaOptimizer:
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
         # fed from the seed's scores on, before the loop starts
         self._failed_answers = FailedAnswers(kept=self.params.edit_settings().lists_failed_answers)
-        minibatch_rows, self._select_rows = split_train(
-            ctx.pools.train, self.params.select_rows if self.params.select_top else 0, ctx.spec.seed)
+        kept = self.params.select_rows if self.params.select_top else 0
+        classes = await self._train_classes(ctx) if kept else None
+        minibatch_rows, self._select_rows = split_train(ctx.pools.train, kept, ctx.spec.seed, classes)
         with ExitStack() as held:
             self._hold = self._hold_for_pick(ctx, held)
             early = await self._optimize(ctx, frontier, loop, minibatch_rows)
@@ -175,6 +180,17 @@ class GepaOptimizer:
 
     # ---- the pick ---------------------------------------------------------------------
 
+    async def _train_classes(self, ctx: RunView) -> dict[str, str] | None:
+        """Each train row's class by `select_spread_by`; None when the param is unset."""
+        field = self.params.select_spread_by
+        if field is None:
+            return None
+        rows = await ctx.task_rows(ctx.pools.train)
+        unclassed = next((t for t in ctx.pools.train if rows[t].get(field) is None), None)
+        if unclassed is not None:
+            raise ValueError(f"select_spread_by is {field!r}, and train task {unclassed} has no such field")
+        return {t: str(rows[t][field]) for t in ctx.pools.train}
+
     def _hold_for_pick(self, ctx: RunView, held: ExitStack) -> Reservation | None:
         """Rollouts kept from the iterations for the pick's extra rows; none when the budget
         could not also score the seed and one child (the pick is then the best pareto mean)."""
@@ -183,7 +199,12 @@ class GepaOptimizer:
         if not hold or ctx.budget.rollouts_left < hold + search:
             self._select_rows = ()
             return None
-        return held.enter_context(ctx.budget.reserve(hold))
+        reservation = held.enter_context(ctx.budget.reserve(hold))
+        spread = self.params.select_spread_by
+        ctx.event("kept_apart", f"{len(self._select_rows)} train rows kept apart for the pick"
+                  + (f", in the pool's shares of each {spread}" if spread else ""),
+                  rows=list(self._select_rows), spread_by=spread)
+        return reservation
 
     async def _pick(self, ctx: RunView, frontier: ParetoFrontier) -> str:
         best = frontier.best()

@@ -5,24 +5,42 @@ leaders that beat the seed there, and the seed, are also scored on train rows th
 minibatch uses, and the best mean on those rows is the pick (the pareto mean breaks ties).
 Those rows alone are unbiased: the leaders were chosen for their pareto means, so adding
 the pareto rows back favours the luckiest again. The seed among them lets a run keep it
-when no child holds up."""
+when no child holds up.
+
+Where the rows carry a class (`select_spread_by`, the container's label field), the rows
+kept apart take each class's share of the train pool. Drawn plainly, 30 rows of a yes/no
+pool can lean 18 to 12 where the pool is even, and a prompt that answers yes to everything
+then outscores every child that learned when to say no."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from algorithms.gepa.pareto import ParetoFrontier, or_low
 
 
-def split_train(train: tuple[str, ...], count: int, seed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def split_train(train: tuple[str, ...], count: int, seed: int,
+                classes: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(rows for the minibatches, rows kept apart for the pick): a fixed shuffle of the train
-    pool by the run's seed; at most half of it is kept apart."""
+    pool by the run's seed, at most half of it kept apart. With `classes` (task id -> class)
+    each class gives its share of the pool (largest remainders, ties to the class seen first)."""
     count = min(count, len(train) // 2)
     if count <= 0:
         return train, ()
     order = list(train)
     random.Random(f"gepa-select-{seed}").shuffle(order)
-    apart = set(order[:count])
+    if classes is None:
+        apart = set(order[:count])
+    else:
+        groups: dict[str, list[str]] = {}
+        for task_id in order:
+            groups.setdefault(classes[task_id], []).append(task_id)
+        exact = {value: count * len(ids) / len(train) for value, ids in groups.items()}
+        share = {value: int(quota) for value, quota in exact.items()}
+        for value in sorted(exact, key=lambda v: share[v] - exact[v])[:count - sum(share.values())]:
+            share[value] += 1
+        apart = {task_id for value, ids in groups.items() for task_id in ids[:share[value]]}
     return tuple(t for t in train if t not in apart), tuple(t for t in train if t in apart)
 
 
