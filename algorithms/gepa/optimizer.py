@@ -138,7 +138,8 @@ class GepaOptimizer:
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
         # fed from the seed's scores on, before the loop starts
-        self._failed_answers = FailedAnswers(kept=self.params.edit_settings().lists_failed_answers)
+        self._edit = self.params.edit_settings()  # the caps every edit and merge of the run obeys
+        self._failed_answers = FailedAnswers(kept=self._edit.lists_failed_answers)
         kept = self.params.select_rows if self.params.select_top else 0
         classes = await self._train_classes(ctx) if kept else None
         minibatch_rows, self._select_rows = split_train(ctx.pools.train, kept, ctx.spec.seed, classes)
@@ -377,7 +378,7 @@ class GepaOptimizer:
         """The union of learned lines of `b` into `a`, per target module; None when it adds nothing."""
         first, second = ctx.candidate(a).texts, ctx.candidate(b).texts
         merged = dict(first)
-        caps = self.params.edit_settings().section_caps
+        caps = self._edit.section_caps
         for module in ctx.target_modules:
             field = ctx.program.field_of(module)
             merged[field] = union(first[field], second[field], caps)
@@ -409,7 +410,7 @@ class GepaOptimizer:
         params = self.params
         field = ctx.program.field_of(module)
         current = parent.texts[field]
-        settings = params.edit_settings()
+        settings = self._edit
         temperature = params.proposer_temperature if params.proposer_temperature is not None \
             else ctx.spec.proposer.temperature
         inputs = TurnInputs(current=current, results=results, settings=settings,
