@@ -128,6 +128,37 @@ def test_usd_budget_stops_the_run_before_it_is_crossed(tmp_path, data_dir, banki
     assert set(refused["error_kind"]) <= {"budget"}
 
 
+def test_a_child_whose_scoring_the_usd_budget_cut_short_is_recorded_as_rejected(tmp_path, data_dir,
+                                                                                banking77_url) -> None:
+    """The budget stops a run between a child's proposal and the end of its scoring: the child
+    still gets its proposals row, rejected with the reason, and only children on the frontier
+    are recorded as accepted. The budgets are ones at which the stop falls on the child's
+    minibatch (0.0031, 0.0032), on its pareto scoring (0.0033, 0.0034), and after it (0.0045)."""
+    fake = FakeUpstream()
+    cut_short: set[str] = set()
+    with ServerThread(fake.app()) as up:
+        upstream = Upstream(name="priced", base_url=f"{up.url}/v1", provider="openai_compatible")
+        priced = ModelSpec(provider="openai_compatible", model="gpt-4.1-mini", base_url=f"{up.url}/v1", max_tokens=24)
+        with GatewayThread(GatewaySettings(), [upstream]) as gw:
+            for budget in (0.0031, 0.0032, 0.0033, 0.0034, 0.0045):
+                spec = small_spec(data_dir, tmp_path / str(budget), max_rollouts=1000, max_cost_usd=budget)
+                spec = spec.model_copy(update={"policy": priced,
+                                               "proposer": priced.model_copy(update={"max_tokens": 400})})
+                outcome = gateway_run(spec, banking77_url, gw, upstream.name)
+                assert outcome.status == "done" and outcome.stop_reason == "max_cost_usd", outcome.error
+                ev = read_evidence(outcome.evidence_dir)
+                origins = dict(ev["candidates"].select("candidate_id", "origin").rows())
+                proposals = ev["proposals"].filter(pl.col("child_id").is_not_null())
+                assert sorted(proposals["child_id"]) == sorted(c for c, o in origins.items() if o != "seed")
+                pareto = ev["rollouts"].filter(pl.col("stage") == "pareto").group_by("candidate_id").len()
+                on_frontier = {c for c, n in pareto.rows() if n == len(spec.pools.pareto)}
+                for child, accepted, error in proposals.select("child_id", "accepted", "error").rows():
+                    assert accepted == (child in on_frontier) == (origins[child] in ("proposal", "merge")), budget
+                    if error and error.startswith("the run stopped (max_cost_usd) before the child's "):
+                        cut_short.add(error.split("child's ")[1].split()[0])
+    assert cut_short == {"minibatch", "pareto"}
+
+
 def _grep(root: Path, secret: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
 

@@ -390,6 +390,18 @@ def test_rows_kept_for_the_pick_are_held_from_the_iterations(tmp_path, data_dir,
         assert (len(rows.filter(pl.col("stage") == "select")) > 0) == beat_the_seed
 
 
+def test_rows_the_budget_cannot_keep_apart_go_back_to_the_minibatches(tmp_path, data_dir, urls, bank) -> None:
+    """A hold of 2 x 10 rows beside the seed and one child (2 x 5 + 2 x 3) needs 36
+    rollouts: with 35 nothing is kept apart, and the minibatches draw on the whole train pool."""
+    from algorithms.gepa.select import split_train
+
+    ev = rules_run(tmp_path, data_dir, urls, bank, max_rollouts=35, params={"select_top": 1, "select_rows": 10})
+    _, apart = split_train(tuple(bank["wide"][:20]), 10, seed=0)
+    minibatch_rows = set(ev["rollouts"].filter(pl.col("stage") == "minibatch")["task_id"])
+    assert "kept_apart" not in ev["events"]["kind"].to_list()
+    assert minibatch_rows & set(apart)  # rows the split had set apart for a pick that will not be made
+
+
 def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, data_dir, urls, bank) -> None:
     """The wall clock stops the iterations; the pick's extra rows were held from the rollout
     budget and run after it, as heldout does."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -137,10 +138,11 @@ class GepaOptimizer:
         frontier = ParetoFrontier(ctx.pools.pareto)
         loop = LoopState(ctx.budget)
         self._seeded = asyncio.Event()  # the seed is on the frontier (or its scoring stopped)
-        # fed from the seed's scores on, before the loop starts
+        self._judged: set[int] = set()  # iterations whose child has its proposals row
         self._edit = self.params.edit_settings()  # the caps every edit and merge of the run obeys
+        # fed from the seed's scores on, before the loop starts
         self._failed_answers = FailedAnswers(kept=self._edit.lists_failed_answers)
-        kept = self.params.select_rows if self.params.select_top else 0
+        kept = self._rows_to_keep(ctx)
         classes = await self._train_classes(ctx) if kept else None
         minibatch_rows, self._select_rows = split_train(ctx.pools.train, kept, ctx.spec.seed, classes)
         with ExitStack() as held:
@@ -192,15 +194,21 @@ class GepaOptimizer:
             raise ValueError(f"select_spread_by is {field!r}, and train task {unclassed} has no such field")
         return {t: str(rows[t][field]) for t in ctx.pools.train}
 
+    def _rows_to_keep(self, ctx: RunView) -> int:
+        """Train rows to keep apart for the pick: none without `select_top`, or when the budget
+        could not also score the seed and one child beside them (the pick is then the best
+        pareto mean, and every train row feeds the minibatches)."""
+        params = self.params
+        count = min(params.select_rows, len(ctx.pools.train) // 2) if params.select_top else 0
+        hold = (params.select_top + 1) * count
+        search = 2 * len(ctx.pools.pareto) + 2 * params.minibatch_size
+        return count if count and ctx.budget.rollouts_left >= hold + search else 0
+
     def _hold_for_pick(self, ctx: RunView, held: ExitStack) -> Reservation | None:
-        """Rollouts kept from the iterations for the pick's extra rows; none when the budget
-        could not also score the seed and one child (the pick is then the best pareto mean)."""
-        hold = (self.params.select_top + 1) * len(self._select_rows)
-        search = 2 * len(ctx.pools.pareto) + 2 * self.params.minibatch_size
-        if not hold or ctx.budget.rollouts_left < hold + search:
-            self._select_rows = ()
+        """Rollouts kept from the iterations for the pick's extra rows (none kept apart: none)."""
+        if not self._select_rows:
             return None
-        reservation = held.enter_context(ctx.budget.reserve(hold))
+        reservation = held.enter_context(ctx.budget.reserve((self.params.select_top + 1) * len(self._select_rows)))
         spread = self.params.select_spread_by
         ctx.event("kept_apart", f"{len(self._select_rows)} train rows kept apart for the pick"
                   + (f", in the pool's shares of each {spread}" if spread else ""),
@@ -270,7 +278,7 @@ class GepaOptimizer:
             try:
                 await self._iterate(ctx, frontier, iteration)
             except BudgetExhausted as exhausted:
-                if loop.iteration == iteration + 1:
+                if loop.iteration == iteration + 1 and iteration not in self._judged:
                     loop.iteration = iteration  # an iteration that did not happen does not count
                 others = ctx.budget.reserved - (self._hold.left if self._hold is not None else 0)
                 if exhausted.reason is StopReason.MAX_ROLLOUTS and others:
@@ -325,33 +333,54 @@ class GepaOptimizer:
         (a merge needs only to match it), then score it on the pareto pool."""
         candidate, fields = child
         reservation.spend(len(ctx.uncached(candidate, minibatch)))
-        child_score = mean_reward(await ctx.evaluate(candidate, minibatch, "minibatch"))
+        with self._recorded_if_cut_short(ctx, candidate, fields, "minibatch", None):
+            child_score = mean_reward(await ctx.evaluate(candidate, minibatch, "minibatch"))
         known = [s for s in parent_scores if s is not None]
         bar = max(known) if known else None
         margin = self.params.acceptance_margin
         accepted = child_score is not None and bar is not None and (
             child_score >= bar + margin if origin == "merge" else child_score > bar + margin)
         pareto = ctx.uncached(candidate, list(ctx.pools.pareto))
-        unscorable = accepted and not ctx.budget.fits_beyond_reserved(len(pareto), reservation)
-        if unscorable:  # accepted ones are exactly those on the frontier: this one cannot get there
-            accepted = False
+        if accepted and not ctx.budget.fits_beyond_reserved(len(pareto), reservation):
             fields = {**fields, "error": "better on the minibatch, but the budget left cannot score it on the "
                                          f"pareto pool ({len(pareto)} rollouts)"}
-        ctx.record_proposal(**fields, child_id=candidate.candidate_id, accepted=accepted,
-                            child_minibatch_score=child_score)
-        ctx.set_origin(candidate.candidate_id, origin if accepted else "rejected")
-        if unscorable:
+            self._record_verdict(ctx, candidate, fields, child_score, None)
             raise BudgetExhausted(StopReason.MAX_ROLLOUTS)
         if not accepted:
+            self._record_verdict(ctx, candidate, fields, child_score, None)
             return
         reservation.spend(len(pareto))
-        pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        with self._recorded_if_cut_short(ctx, candidate, fields, "pareto", child_score):
+            pareto_results = await ctx.evaluate(candidate, list(ctx.pools.pareto), "pareto")
+        # recorded once on the frontier's way: accepted proposals are exactly the frontier's children
+        self._record_verdict(ctx, candidate, fields, child_score, origin)
         self._failed_answers.remember(pareto_results)
         await self._seeded.wait()  # the seed comes first on the frontier (ties go to the earlier)
         frontier.add(candidate.candidate_id, [r.reward for r in pareto_results])
         ctx.report_best(frontier.mean(candidate.candidate_id) or 0.0)
         ctx.event("accept", f"{candidate.candidate_id} accepted", parents=list(candidate.parent_ids),
                   pareto_score=frontier.mean(candidate.candidate_id), origin=origin)
+
+    def _record_verdict(self, ctx: RunView, candidate: Candidate, fields: dict[str, Any], child_score: float | None,
+                        accepted_as: str | None) -> None:
+        """The child's proposals row and origin: `accepted_as` (proposal, merge) or rejected."""
+        self._judged.add(fields["iteration"])
+        ctx.record_proposal(**fields, child_id=candidate.candidate_id, accepted=accepted_as is not None,
+                            child_minibatch_score=child_score)
+        ctx.set_origin(candidate.candidate_id, accepted_as or "rejected")
+
+    @contextmanager
+    def _recorded_if_cut_short(self, ctx: RunView, candidate: Candidate, fields: dict[str, Any], stage: str,
+                               child_score: float | None) -> Iterator[None]:
+        """A child whose scoring the run stopped (wall clock, USD budget, a failure) still gets
+        its proposals row, as rejected: its proposer request and replies stay inspectable."""
+        try:
+            yield
+        except BaseException as stopped:
+            why = stopped.reason.value if isinstance(stopped, BudgetExhausted) else type(stopped).__name__
+            error = f"the run stopped ({why}) before the child's {stage} scoring finished"
+            self._record_verdict(ctx, candidate, {**fields, "error": error}, child_score, None)
+            raise
 
     # ---- merge -----------------------------------------------------------------------
 
@@ -398,7 +427,8 @@ class GepaOptimizer:
                   "proposer_model": None, "edit_format": "merge", "attempts": 0, "status": "changed",
                   "changed": True, "parent_minibatch_score": max((s for s in scores if s is not None), default=None),
                   "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "latency_s": 0.0, "error": None,
-                  "merged_from": [p.candidate_id for p in parents]}
+                  "merged_from": [p.candidate_id for p in parents],
+                  "proposer_scopes": []}  # it calls no proposer: it must not take others' calls
         await self._judge(ctx, frontier, (child, fields), minibatch, reservation, scores, "merge")
 
     # ---- reflection ---------------------------------------------------------------------
