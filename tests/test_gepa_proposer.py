@@ -4,16 +4,20 @@ minibatch sampler."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 
 from algorithms.gepa.edits import LearnedModule, named_labels, union
 from algorithms.gepa.optimizer import GepaParams, MinibatchSampler
+from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
 from algorithms.gepa.proposer import build_messages, task_context
 from algorithms.gepa.reflect import EditSettings, Proposal, Rotation, apply, choose_format
 from harness.candidates import RolloutResult
+from harness.errors import FailureKind, ServiceError
 from harness.llm import ChatResult
 
 SEED = "Classify the message.\nReply with the label only."
@@ -491,3 +495,31 @@ def test_the_spell_style_names_the_labels_invented_answers_misspell_and_never_th
     one = GepaParams(not_answer_lines=1, not_answer_style="spell").edit_settings()
     capped = cite_examples(SEED, [*results, failure("top_up_failed", "top_up_faild")], one, labels=LABELS)
     assert LearnedModule.parse(capped.text).lines("spellings") == ("- `exchange_rate`",)  # the cap
+
+
+class QueuedProposer:
+    """The one part of a RunView a reflection turn uses: `propose`, answering from a queue
+    (a ServiceError in it is raised, as the proposer client raises a failed call)."""
+
+    def __init__(self, answers: list[str | ServiceError]):
+        self.answers = list(answers)
+
+    async def propose(self, messages: list[Any], *, temperature: float, max_tokens: int,
+                      scopes: list[str] | None = None) -> ChatResult:
+        answer = self.answers.pop(0)
+        if isinstance(answer, ServiceError):
+            raise answer
+        return reply(answer)
+
+
+@pytest.mark.parametrize("turn_of", [one_by_one, at_once])
+def test_a_format_whose_call_fails_is_recorded_as_failed_not_with_the_earlier_formats_result(turn_of) -> None:
+    # `rules` comes back unchanged, then the `answer_guide` call fails: the turn is that
+    # format's failure, not the unchanged rules reply under the answer guide's name
+    failed = ServiceError("proposer: HTTP 503", FailureKind.TRANSIENT)
+    inputs = TurnInputs(current=SEED, results=[failure("card_arrival", "exchange_rate")], task_info=None,
+                        settings=SETTINGS, samples=1, lines_wanted=1, sampling={"temperature": 0.0, "max_tokens": 50})
+    turn = asyncio.run(turn_of(QueuedProposer([f"```\n{SEED}\n```", failed]), ["rules", "answer_guide"], inputs,
+                               ProposerHealth(max_errors=3), []))
+    assert turn.edit_format == "answer_guide" and turn.error is not None and "503" in turn.error
+    assert turn.proposal is None and turn.calls == 1

@@ -96,6 +96,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
             continue
         messages = request(inputs.current, inputs.results, edit_format, inputs.task_info, inputs.settings)
         replies: list[ChatResult] = []
+        turn.proposal = None  # an earlier format's result must not stand for this one if its call fails
         try:
             for _ in range(inputs.samples):
                 replies.append(await ctx.propose(messages, **inputs.sampling, scopes=scopes))
@@ -145,6 +146,8 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
             turn.proposal = cited if cited is not None else _cite(inputs)
         elif replies_of[i]:
             turn.proposal = _screen(inputs, messages_of[i], replies_of[i], edit_format)
+        else:  # its calls failed: no result of its own
+            turn.proposal = None
         if turn.changed:
             break
     return turn
