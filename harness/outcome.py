@@ -3,6 +3,7 @@ Shared by the run context (evidence) and the doctor (diagnosis)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.contract import RolloutResponse
@@ -23,17 +24,21 @@ class RolloutOutcome:
 
 def judge(response: RolloutResponse) -> RolloutOutcome:
     """Liberal in what it accepts (any success status, any reward fallback), strict in what
-    it records: no reward or a failed status is an error row with the container's reason."""
+    it records: no reward, a reward that is not a finite number, or a failed status is an
+    error row with the container's reason."""
     reward = response.resolved_reward()
     feedback, source = response.feedback_and_source()
     outcome = RolloutOutcome(container_status=response.status, output=response.output_text, feedback=feedback,
                              feedback_source=source, inputs=response.inputs,
                              answer_examples=response.answer_examples)
-    if response.status_ok and reward is not None:
+    if response.status_ok and reward is not None and math.isfinite(reward):
         outcome.reward = reward
         return outcome
     reason = response.failure_reason()
-    head = f"status {response.status}" if not response.status_ok else "no reward in response"
+    if not response.status_ok:
+        head = f"status {response.status}"
+    else:  # a NaN (a grader's 0/0) would turn every mean it joins into NaN
+        head = "no reward in response" if reward is None else f"the reward is {reward}, not a finite number"
     outcome.error = f"{head}: {reason}" if reason else head
     kind = (response.model_extra or {}).get("error_kind")
     outcome.error_kind = kind if isinstance(kind, str) and kind else "container"

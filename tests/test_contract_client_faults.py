@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from servers import ServerThread
 
 from harness.client import ContainerClient
+from harness.outcome import judge
 from harness.contract import (
     CONTRACT_VERSION,
     PROGRAM_VERSION,
@@ -225,6 +226,19 @@ def test_reward_fallbacks_in_order(fake: tuple[FakeContainer, str], fields: dict
     server, url = fake
     server.plans["/rollout"] = [echo(**fields)]
     assert rollout_of(url).resolved_reward() == expected
+
+
+@pytest.mark.parametrize("sent, shown", [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")])
+def test_a_reward_that_is_not_a_finite_number_is_an_error_row(fake: tuple[FakeContainer, str], sent: str,
+                                                              shown: str) -> None:
+    # Python's json.dumps writes a grader's 0/0 as NaN; counted as a reward, it would make
+    # every mean it joins NaN
+    server, url = fake
+    server.plans["/rollout"] = [lambda body: Response(
+        f'{{"rollout_id": "{body["rollout_id"]}", "status": "ok", "reward_info": {{"outcome_reward": {sent}}}}}',
+        media_type="application/json")]
+    outcome = judge(rollout_of(url))
+    assert outcome.reward is None and outcome.error == f"the reward is {shown}, not a finite number"
 
 
 @pytest.mark.parametrize("sent, kept", [
