@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import platform
 import time
 from datetime import datetime, timezone
@@ -31,6 +32,8 @@ from harness.pricing import PRICE_TABLE_VERSION
 from harness.services import Endpoints
 from harness.specs import RunSpec
 from harness.tracking.hooks import ExportNote
+
+_log = logging.getLogger(__name__)
 
 VERSIONED_PACKAGES = ("gepa-harness", "pydantic", "httpx", "pyarrow", "polars", "ray", "hydra-core", "gepa")
 
@@ -162,7 +165,8 @@ async def execute_run(
     force: bool = False,
 ) -> RunOutcome:
     """Run one spec to completion and write its evidence. Bad input raises before any
-    rollout; failures after that are recorded in the manifest and returned.
+    rollout; failures after that (an unexpected exception too) are recorded in the manifest
+    and returned.
     `restart_container` starts the run's container again when it stops answering (its
     process died); without it such a run fails with the reason. A run already done is
     refused unless `force`, which redoes it and replaces its evidence only if it is done again."""
@@ -211,6 +215,7 @@ async def execute_run(
         # a fresh run's optimize_s is on the wall budget's clock, which started with the context:
         # a run stopped by max_wall_s records at least max_wall_s
         t_opt = ctx.budget.started if restored is None else time.monotonic()
+        t_heldout: float | None = None  # set when heldout re-scoring starts
         timings = {"preflight_s": t_opt - t0, "optimize_s": 0.0}
 
         async def checkpoint(scores: list[HeldoutScore]) -> None:
@@ -232,8 +237,13 @@ async def execute_run(
             heldout = await _score_heldout(ctx, best_id, [HeldoutScore(**h) for h in restored.heldout]
                                            if restored else [], checkpoint)
             ctx.check_error_rate()  # a run whose rows mostly failed is not done, however few it had
-        except (RunFailed, HarnessError) as exc:
-            status, error, t_heldout = "failed", str(exc), time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - whatever ends it, a started run keeps its evidence
+            expected = isinstance(exc, (RunFailed, HarnessError))
+            if not expected:
+                _log.exception("run %s raised", spec.run_id)
+            status, error = "failed", str(exc) if expected else f"{type(exc).__name__}: {exc}"
+            if t_heldout is None:  # failed before heldout: it took no time
+                t_heldout = time.monotonic()
             if isinstance(exc, RunFailed):
                 stop_reason = exc.stop_reason
             if restored is None and not timings["optimize_s"]:  # failed while optimizing

@@ -402,6 +402,21 @@ def test_rows_the_budget_cannot_keep_apart_go_back_to_the_minibatches(tmp_path, 
     assert minibatch_rows & set(apart)  # rows the split had set apart for a pick that will not be made
 
 
+def test_an_unexpected_error_after_preflight_fails_the_run_with_its_evidence_written(tmp_path, data_dir, urls,
+                                                                                    bank) -> None:
+    """A ValueError from the optimizer (its own parameter naming a field the rows lack) is
+    not a HarnessError: the run still ends `failed` with the cause in its manifest."""
+    spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:20],
+                         pareto=bank["wide"][20:25], heldout=HELDOUT, max_rollouts=100,
+                         params={"select_top": 1, "select_rows": 4, "select_spread_by": "no_such_field"})
+    outcome = execute(spec, *urls)
+    assert outcome.status == "failed"
+    assert outcome.error is not None and outcome.error.startswith(
+        "ValueError: select_spread_by is 'no_such_field', and train task ")
+    manifest = read_evidence(outcome.evidence_dir)["manifest"]
+    assert manifest["status"] == "failed" and manifest["error"] == outcome.error
+
+
 def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, data_dir, urls, bank) -> None:
     """The wall clock stops the iterations; the pick's extra rows were held from the rollout
     budget and run after it, as heldout does."""
