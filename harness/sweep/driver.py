@@ -83,7 +83,10 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
     rows: dict[str, dict[str, Any]] = {}
     todo: list[PlannedRun] = []
     for run in runs:
-        manifest = store.run_location(run.spec.run_id).read_manifest()
+        try:
+            manifest = store.run_location(run.spec.run_id).read_manifest()
+        except (OSError, ValueError):  # unreadable: not done, so it runs again (as execute_run decides too)
+            manifest = None
         if manifest is not None and manifest.get("status") == "done" and not base.force:
             rows[run.spec.run_id] = index_row(run.spec, "skipped", None, 0) | {
                 "evidence_dir": store.run_location(run.spec.run_id).run_dir, **recorded_results(manifest)}

@@ -222,7 +222,8 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                 run_id = run.spec.run_id
                 try:
                     outcome = RunOutcome.model_validate_json(ray.get(ref))
-                    idle[slot.node].append(actor)
+                    if slot.node in idle:  # else its node was lost after the run finished: the actor went with it
+                        idle[slot.node].append(actor)
                 except (RayActorError, WorkerCrashedError) as exc:
                     # the worker died holding endpoint slots: give them back, or the limits shrink for good
                     limiter.release_holder.remote(holder(run_id))

@@ -134,7 +134,7 @@ def watch_driver(host: str, pid: int, every_s: float = 0.5) -> None:
 
 def _run_logger(log_path: Path) -> logging.Logger:
     logger = logging.getLogger(f"harness.run.{log_path.stem}")
-    logger.handlers.clear()
+    _close_handlers(logger)  # an earlier attempt's, in this process
     log_path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -142,6 +142,13 @@ def _run_logger(log_path: Path) -> logging.Logger:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return logger
+
+
+def _close_handlers(logger: logging.Logger) -> None:
+    """Close the run log: a long-lived worker runs many runs, each with its own open file."""
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)
 
 
 @ray.remote
@@ -200,4 +207,5 @@ class RunWorker:
             note = export_finished(MlflowTarget.model_validate_json(tracking), in_place)
             (logger.info if note.ok else logger.warning)("%s", note.message)
             outcome = outcome.model_copy(update={"tracking": note})
+        _close_handlers(logger)
         return outcome.model_dump_json()
