@@ -354,6 +354,10 @@ class RunContext:
             # a slow proposer (minutes on a local model) must not carry the run past its wall budget
             result = await asyncio.wait_for(call, timeout=self.budget.wall_left())
         except TimeoutError:
+            # the loop's timers are millisecond-grained and may fire a hair early: a run
+            # stopped by its wall clock records at least the wall (run.py's optimize_s)
+            while left := self.budget.wall_left():
+                await asyncio.sleep(left)
             raise BudgetExhausted(StopReason.MAX_WALL_S) from None
         except ServiceError:
             if self.gateway is not None:
