@@ -6,6 +6,7 @@ import functools
 import logging
 import platform
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from importlib import metadata as importlib_metadata
@@ -239,8 +240,8 @@ async def execute_run(
             ctx.check_error_rate()  # a run whose rows mostly failed is not done, however few it had
         except Exception as exc:  # noqa: BLE001 - whatever ends it, a started run keeps its evidence
             expected = isinstance(exc, (RunFailed, HarnessError))
-            if not expected:
-                _log.exception("run %s raised", spec.run_id)
+            if not expected:  # the traceback to the log, with any capability URL in it hidden
+                _log.error("run %s raised:\n%s", spec.run_id, hide_capabilities(traceback.format_exc()))
             status, error = "failed", str(exc) if expected else f"{type(exc).__name__}: {exc}"
             if t_heldout is None:  # failed before heldout: it took no time
                 t_heldout = time.monotonic()

@@ -403,7 +403,7 @@ def test_rows_the_budget_cannot_keep_apart_go_back_to_the_minibatches(tmp_path, 
 
 
 def test_an_unexpected_error_after_preflight_fails_the_run_with_its_evidence_written(tmp_path, data_dir, urls,
-                                                                                    bank) -> None:
+                                                                                    bank, caplog) -> None:
     """A ValueError from the optimizer (its own parameter naming a field the rows lack) is
     not a HarnessError: the run still ends `failed` with the cause in its manifest."""
     spec = make_run_spec(container_spec("banking77", data_dir), tmp_path, train=bank["wide"][:20],
@@ -415,6 +415,8 @@ def test_an_unexpected_error_after_preflight_fails_the_run_with_its_evidence_wri
         "ValueError: select_spread_by is 'no_such_field', and train task ")
     manifest = read_evidence(outcome.evidence_dir)["manifest"]
     assert manifest["status"] == "failed" and manifest["error"] == outcome.error
+    logged = [r.getMessage() for r in caplog.records if r.name == "harness.run"]
+    assert len(logged) == 1 and logged[0].startswith(f"run {spec.run_id} raised:\nTraceback")
 
 
 def test_a_wall_bound_run_still_makes_its_pick_on_the_rows_kept_apart(tmp_path, data_dir, urls, bank) -> None:
