@@ -30,7 +30,7 @@ from algorithms.gepa.pareto import ParetoFrontier
 from algorithms.gepa.proposer import EDIT_FORMATS
 from algorithms.gepa.propose import ProposerHealth, TurnInputs, at_once, one_by_one
 from algorithms.gepa.reflect import CitationMemory, EditSettings, FailedAnswers, Proposal, Rotation, format_plan
-from algorithms.gepa.select import best_on_kept, contenders, split_train
+from algorithms.gepa.select import apart_count, best_on_kept, contenders, split_train
 from algorithms.protocol import OptimizerResult, RunView
 from harness.budget import BudgetExhausted, Reservation, StopReason
 from harness.candidates import Candidate, RolloutResult, digest_of, mean_reward
@@ -199,7 +199,7 @@ class GepaOptimizer:
         could not also score the seed and one child beside them (the pick is then the best
         pareto mean, and every train row feeds the minibatches)."""
         params = self.params
-        count = min(params.select_rows, len(ctx.pools.train) // 2) if params.select_top else 0
+        count = apart_count(len(ctx.pools.train), params.select_rows) if params.select_top else 0
         hold = (params.select_top + 1) * count
         search = 2 * len(ctx.pools.pareto) + 2 * params.minibatch_size
         return count if count and ctx.budget.rollouts_left >= hold + search else 0

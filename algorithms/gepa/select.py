@@ -20,13 +20,19 @@ from collections.abc import Mapping
 from algorithms.gepa.pareto import ParetoFrontier, or_low
 
 
+def apart_count(train_size: int, wanted: int) -> int:
+    """Train rows kept apart for the pick: `wanted`, never more than half the pool (the
+    minibatches keep the rest)."""
+    return max(0, min(wanted, train_size // 2))
+
+
 def split_train(train: tuple[str, ...], count: int, seed: int,
                 classes: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(rows for the minibatches, rows kept apart for the pick): a fixed shuffle of the train
     pool by the run's seed, at most half of it kept apart. With `classes` (task id -> class)
     each class gives its share of the pool (largest remainders, ties to the class seen first)."""
-    count = min(count, len(train) // 2)
-    if count <= 0:
+    count = apart_count(len(train), count)
+    if count == 0:
         return train, ()
     order = list(train)
     random.Random(f"gepa-select-{seed}").shuffle(order)
