@@ -220,9 +220,15 @@ def test_smoke_sweep_end_to_end_then_all_skipped(tmp_path, data_dir):
     assert "| banking77 | gepa |" in summary and "| heart_disease | gepa |" in summary
 
     shutil.rmtree(sweep_dir / "report")  # as if the first invocation had stopped before its summary
+    # as if a forced redo had been killed mid-swap: one done run's evidence moved aside, no
+    # new evidence in its place. The driver puts it back and skips the run as done.
+    aside = sweep_dir / ".staging" / f"{rows[0]['run_id']}-0123456789ab.replaced"
+    aside.parent.mkdir(exist_ok=True)
+    (sweep_dir / rows[0]["run_id"]).rename(aside)
     again = run_sweep(evidence, data_dir, "concurrency=3")  # transport change: same runs
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 already done, 0 to run" in again.stdout
+    assert not aside.exists() and (sweep_dir / rows[0]["run_id"] / "manifest.json").is_file()
     assert (sweep_dir / "report" / "summary.md").read_text() == summary
     skipped = {r["run_id"]: r for r in index_rows(sweep_dir)}
     for row in rows:  # the skipped runs' results come from their manifests

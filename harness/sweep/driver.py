@@ -83,13 +83,17 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
     rows: dict[str, dict[str, Any]] = {}
     todo: list[PlannedRun] = []
     for run in runs:
+        location = store.run_location(run.spec.run_id)
         try:
-            manifest = store.run_location(run.spec.run_id).read_manifest()
+            # a done run's evidence a killed forced redo left moved aside goes back first, so
+            # the run is skipped as done here rather than refused as done by its worker
+            location.recover()
+            manifest = location.read_manifest()
         except (OSError, ValueError):  # unreadable: not done, so it runs again (as execute_run decides too)
             manifest = None
         if manifest is not None and manifest.get("status") == "done" and not base.force:
             rows[run.spec.run_id] = index_row(run.spec, "skipped", None, 0) | {
-                "evidence_dir": store.run_location(run.spec.run_id).run_dir, **recorded_results(manifest)}
+                "evidence_dir": location.run_dir, **recorded_results(manifest)}
         else:
             rows[run.spec.run_id] = index_row(run.spec, "pending", None, 0)
             todo.append(run)
