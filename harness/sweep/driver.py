@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -86,8 +87,10 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
         location = store.run_location(run.spec.run_id)
         try:
             # a done run's evidence a killed forced redo left moved aside goes back first, so
-            # the run is skipped as done here rather than refused as done by its worker
-            location.recover()
+            # the run is skipped as done here rather than refused as done by its worker; a
+            # run `python -m harness` is running meanwhile keeps its staged attempt
+            with suppress(HarnessError), location.held():
+                location.recover()
             manifest = location.read_manifest()
         except (OSError, ValueError):  # unreadable: not done, so it runs again (as execute_run decides too)
             manifest = None
