@@ -279,7 +279,7 @@ async def execute_run(
     by_id = {h.candidate_id: h for h in heldout}
     seed_id = ctx.seed_candidate.candidate_id
     return RunOutcome(
-        run_id=spec.run_id, status=status, evidence_dir=location.run_dir, stop_reason=stop_reason, error=error,
+        run_id=spec.run_id, status=status, evidence_dir=location.shown_dir, stop_reason=stop_reason, error=error,
         seed_candidate_id=seed_id, best_candidate_id=best_id,
         seed_heldout=by_id[seed_id].heldout_score if seed_id in by_id else None,
         best_heldout=by_id[best_id].heldout_score if best_id in by_id else None,

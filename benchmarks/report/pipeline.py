@@ -4,6 +4,7 @@ frames, ``write_report`` writes them and hands them to charts.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from benchmarks.report import conclusions, io, metrics, trace
 from benchmarks.report.chart_worker import ChartWorker
 from benchmarks.report.frames import ReportFrames, ReportOptions
 from benchmarks.report.markdown import render_markdown
+from harness.evidence import remote
 from harness.evidence.reader import recorded_thresholds
 
 ENGINE = "streaming"
@@ -89,7 +91,18 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     also be one run's directory (a report of that run). Per-task thresholds the sweep recorded
     (a container's `solved_threshold`) apply unless `task_thresholds` names the task.
     `chart_worker`: draw about half of a sweep's charts in a second process (default: when a
-    core is to spare); the files are the same either way."""
+    core is to spare); the files are the same either way. Evidence on an object store
+    (`s3://...`) is read from a local mirror, and its report (unless `out`) goes beside it."""
+    if remote.is_uri(sweep_dir):
+        local = remote.mirror(sweep_dir)
+        paths = write_report(str(local), k=k, threshold=threshold, task_thresholds=task_thresholds,
+                             out=out or str(local / "report"), charts=charts, resamples=resamples, ci_seed=ci_seed,
+                             chart_worker=chart_worker)
+        if out is not None:
+            return paths
+        report_uri = remote.joined(sweep_dir, "report")
+        remote.upload(local / "report", report_uri)
+        return dataclasses.replace(paths, report_dir=remote.shown(report_uri))
     target = io.locate(sweep_dir)
     per_task = {**recorded_thresholds(target.root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from urllib.parse import urlsplit
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,22 @@ class EvidenceLocation:
         else:
             self.fs, base = pafs.LocalFileSystem(), str(Path(root).resolve())
         self.root = base
+        # an object store's scheme, for the directory as printed (EvidenceLocation.shown_dir)
+        self.scheme = urlsplit(root).scheme if not isinstance(self.fs, pafs.LocalFileSystem) else None
         self.sweep_dir = f"{base}/{sweep}"
         self.run_id = run_id
         self.run_dir = f"{self.sweep_dir}/{run_id}"
         self.digests: dict[str, str] = {}  # table file -> sha256 of what was written
 
+    @property
+    def shown_dir(self) -> str:
+        """The run's directory as printed and indexed: on an object store with its scheme
+        (`s3://bucket/...`) and never the root URI's query, which may hold keys."""
+        return f"{self.scheme}://{self.run_dir}" if self.scheme else self.run_dir
+
     def staging(self) -> "EvidenceLocation":
-        """A fresh location for this run's next attempt, beside the run's directory. On an
-        object store (no directory renames) the run's own directory."""
-        if not isinstance(self.fs, pafs.LocalFileSystem):
-            return self
-        staged = EvidenceLocation.__new__(EvidenceLocation)
-        staged.fs, staged.root, staged.sweep_dir, staged.run_id = self.fs, self.root, self.sweep_dir, self.run_id
-        staged.run_dir = f"{self.sweep_dir}/{STAGING}/{self.run_id}-{uuid.uuid4().hex[:12]}"
-        staged.digests = {}
-        return staged
+        """A fresh location for this run's next attempt, beside the run's directory."""
+        return self._at(f"{self.sweep_dir}/{STAGING}/{self.run_id}-{uuid.uuid4().hex[:12]}")
 
     def held(self) -> AbstractContextManager[None]:
         """This run for this process alone while the block runs: the same run started twice
@@ -78,8 +80,16 @@ class EvidenceLocation:
 
     def recover(self) -> None:
         """Undo what a process killed mid-swap left: the run's previous evidence, moved
-        aside, goes back if nothing took its place; staged attempts that never finished go."""
+        aside, goes back if nothing took its place; staged attempts that never finished go.
+        On an object store, where a swap copies file by file, a staged attempt that is done
+        was being copied in (only done attempts replace evidence there): the copy finishes."""
         if not isinstance(self.fs, pafs.LocalFileSystem):
+            for info in self._staged_leftovers():
+                staged = self._at(info.path)
+                if (staged.read_manifest() or {}).get("status") == "done":
+                    staged.swap_into(self)
+                else:
+                    self.fs.delete_dir(info.path)
             return
         for info in self._staged_leftovers():
             replaced = info.base_name.endswith(".replaced")
@@ -93,6 +103,8 @@ class EvidenceLocation:
         aside first and deleting it only once the new one is in place."""
         if self.run_dir == final.run_dir:
             return
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            return self._copy_into(final)
         aside = f"{final.sweep_dir}/{STAGING}/{final.run_id}-{uuid.uuid4().hex[:12]}.replaced"
         try:
             had = self.fs.get_file_info(final.run_dir).type == pafs.FileType.Directory
@@ -103,6 +115,29 @@ class EvidenceLocation:
                 self.fs.delete_dir(aside)
         except OSError as exc:
             raise HarnessError(f"cannot move the run's evidence into {final.run_dir}: {exc}") from exc
+
+    def _copy_into(self, final: "EvidenceLocation") -> None:
+        """An object store has no directory rename: the files are copied, the manifest last,
+        so until the end the run's directory holds the previous manifest (or none), whose
+        digests name any table already replaced; recover() finishes a copy cut short."""
+        def files(run_dir: str) -> list[str]:
+            found = self.fs.get_file_info(pafs.FileSelector(run_dir, recursive=True, allow_not_found=True))
+            return [i.path[len(run_dir) + 1:] for i in found if i.type == pafs.FileType.File]
+
+        try:
+            new = sorted(files(self.run_dir), key=lambda name: name == MANIFEST)
+            for name in new:
+                self.fs.copy_file(f"{self.run_dir}/{name}", f"{final.run_dir}/{name}")
+            for name in set(files(final.run_dir)) - set(new):
+                self.fs.delete_file(f"{final.run_dir}/{name}")
+            self.fs.delete_dir(self.run_dir)
+        except OSError as exc:
+            raise HarnessError(f"cannot copy the run's evidence into {final.run_dir}: {exc}") from exc
+
+    def _at(self, run_dir: str) -> "EvidenceLocation":
+        other = EvidenceLocation.__new__(EvidenceLocation)
+        other.__dict__.update(self.__dict__, run_dir=run_dir, digests={})
+        return other
 
     def exists(self, name: str) -> bool:
         return self.fs.get_file_info(f"{self.run_dir}/{name}").type == pafs.FileType.File

@@ -71,7 +71,7 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
                   if r.spec.container.solved_threshold is not None}
     planned = {r.spec.run_id for r in runs}
     earlier = store.earlier_runs(planned)
-    store.adopt({r: manifest_row(r, m, store.run_location(r).run_dir) for r, m in earlier.items()})
+    store.adopt({r: manifest_row(r, m, store.run_location(r).shown_dir) for r, m in earlier.items()})
     grid = sweep_grid([r.spec for r in runs], earlier)
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
@@ -79,7 +79,7 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
     if earlier:
         told_apart = any(p.get(CONFIG_AXIS, "-") != "-" for p in grid)
         console.print(f"sweep {sweep.name}: its report also covers {len(earlier)} run(s) earlier invocations left in "
-                      f"{store.dir}" + (", other configurations on a 'config' axis" if told_apart else ""),
+                      f"{store.shown_dir}" + (", other configurations on a 'config' axis" if told_apart else ""),
                       highlight=False, markup=False, soft_wrap=True)
     rows: dict[str, dict[str, Any]] = {}
     todo: list[PlannedRun] = []
@@ -96,7 +96,7 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
             manifest = None
         if manifest is not None and manifest.get("status") == "done" and not base.force:
             rows[run.spec.run_id] = index_row(run.spec, "skipped", None, 0) | {
-                "evidence_dir": location.run_dir, **recorded_results(manifest)}
+                "evidence_dir": location.shown_dir, **recorded_results(manifest)}
         else:
             rows[run.spec.run_id] = index_row(run.spec, "pending", None, 0)
             todo.append(run)
@@ -105,10 +105,10 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
                   highlight=False)
     notes: dict[str, ExportNote] = {}
     if not todo:
-        print_table(console, rows, store.dir, log_dir)
+        print_table(console, rows, store.shown_dir, log_dir)
         _export_skipped(tracking, rows, notes)
         _print_tracking(console, tracking, notes)
-        _write_summary(store.dir, console)  # an earlier invocation may have stopped before it
+        _write_summary(store.uri, store.shown_dir, console)  # an earlier invocation may have stopped before it
         return 0
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -146,10 +146,10 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
                               tracking=tracking, notes=notes)
     finally:
         ray.shutdown()
-    print_table(console, rows, store.dir, log_dir)
+    print_table(console, rows, store.shown_dir, log_dir)
     _export_skipped(tracking, rows, notes)
     _print_tracking(console, tracking, notes)
-    _write_summary(store.dir, console)
+    _write_summary(store.uri, store.shown_dir, console)
     return 0 if all(r["status"] in ("done", "skipped") for r in rows.values()) else 1
 
 
@@ -176,8 +176,9 @@ def _print_tracking(console: Console, tracking: MlflowTarget | None, notes: dict
                   f"({tracking.uri}); {ui_hint(tracking)}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _write_summary(sweep_dir: str, console: Console) -> None:
-    """Every sweep ends with its summary; a report problem is reported, not fatal."""
+def _write_summary(sweep_dir: str, shown_dir: str, console: Console) -> None:
+    """Every sweep ends with its summary; a report problem is reported, not fatal. `shown_dir`:
+    the folder as printed (an object store URI's query may hold keys)."""
     from harness.evidence.reader import EvidenceError
     from harness.evidence.summary import summary_writer
 
@@ -193,9 +194,9 @@ def _write_summary(sweep_dir: str, console: Console) -> None:
         return
     except Exception as exc:  # noqa: BLE001 - the runs' evidence is complete; the summary can be regenerated
         console.print(f"report not written: {type(exc).__name__}: {exc} (regenerate: python -m benchmarks.report "
-                      f"{sweep_dir})", style="yellow", highlight=False, markup=False)
+                      f"{shown_dir})", style="yellow", highlight=False, markup=False)
         return
-    console.print(f"summary: {paths.report_dir}/summary.md (regenerate: python -m benchmarks.report {sweep_dir})",
+    console.print(f"summary: {paths.report_dir}/summary.md (regenerate: python -m benchmarks.report {shown_dir})",
                   highlight=False)
 
 

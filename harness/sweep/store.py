@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
+from harness.evidence.uri import joined, shown
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
 from harness.locks import held_in
@@ -53,6 +54,11 @@ class SweepStore:
         self._probe = EvidenceLocation(evidence_root, sweep, "_")
         self.fs, self.dir = self._probe.fs, self._probe.sweep_dir
         self._carried: list[dict[str, Any]] = []  # earlier invocations' index rows (earlier_runs)
+        remote_root = not isinstance(self.fs, pafs.LocalFileSystem)
+        # what opens the folder again (an object store's URI keeps its query: endpoint, region)
+        self.uri = joined(evidence_root, sweep) if remote_root else self.dir
+        # what a printed line shows: never that query, which may hold keys
+        self.shown_dir = shown(self.uri) if remote_root else self.dir
 
     def check_writable(self) -> None:
         self._probe.check_writable()
@@ -117,7 +123,7 @@ class SweepStore:
         # the row was written
         self._carried = [{**{k: r.get(k) for k in INDEX_SCHEMA.names},
                           **({"status": "pending"} if r.get("status") == "running" else {}),
-                          **({"evidence_dir": self.run_location(r["run_id"]).run_dir} if r.get("evidence_dir") else {})}
+                          **({"evidence_dir": self.run_location(r["run_id"]).shown_dir} if r.get("evidence_dir") else {})}
                          for r in rows if r.get("run_id") not in planned]
         return {r["run_id"]: {"axes": json.loads(r["axes_json"] or "{}"), "identity": json.loads(r["identity_json"])}
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
