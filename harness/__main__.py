@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import hydra
@@ -57,7 +56,7 @@ def _run_held(config: HarnessConfig, spec: RunSpec, location: EvidenceLocation, 
                       highlight=False)
         _export(tracking, location.run_dir, console)  # exported before? then left as it is
         return 0
-    log_dir = Path(spec.evidence_root) / spec.sweep / "logs"
+    log_dir = location.log_dir
     console.print(f"run {spec.run_id}: {spec.algorithm.name} on {spec.container.name}, policy "
                   f"{spec.policy.model}, proposer {spec.proposer.model}, budget {spec.budget.max_rollouts} rollouts",
                   highlight=False)

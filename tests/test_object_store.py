@@ -137,9 +137,10 @@ def test_a_forced_redo_on_s3_replaces_done_evidence_only_when_done(s3_root, data
     assert after["manifest.json"] != before["manifest.json"] and set(after) == set(before)
     assert not files(under(s3_root, f"{spec.sweep}/{STAGING}"))  # nothing left aside
 
-    # a swap cut short: the next attempt's tables in place beside the old manifest, and the
-    # attempt itself still staged
+    # a swap cut short: the previous manifest gone, some of the next attempt's tables in
+    # place, and the attempt itself still staged
     fs, path = pafs.FileSystem.from_uri(run_uri)
+    fs.delete_file(f"{path}/manifest.json")
     staged = f"{path.rsplit('/', 1)[0]}/{STAGING}/{spec.run_id}-0123456789ab"
     for name, data in before.items():
         with fs.open_output_stream(f"{staged}/{name}") as out:

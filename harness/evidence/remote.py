@@ -25,8 +25,8 @@ NOT_EVIDENCE = ("logs", ".staging", ".checkpoints", "report")
 def _open(uri: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowException, ValueError) as exc:
-        raise EvidenceError(f"{shown(uri)}: {first_line(exc)}") from exc
+    except (pa.ArrowException, ValueError) as exc:  # its text quotes the URI, query (keys) and all
+        raise EvidenceError(f"{shown(uri)}: {first_line(exc).replace(uri, shown(uri))}") from exc
 
 
 def mirror(uri: str, cache: Path | None = None) -> Path:

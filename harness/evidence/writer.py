@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.evidence.schema import SCHEMA_VERSION, TABLES, with_version
+from harness.evidence.uri import is_uri, shown
 from harness.locks import held_in
 
 MANIFEST = "manifest.json"
@@ -38,18 +39,19 @@ class EvidenceLocation:
             if not name or name.startswith(".") or "/" in name or "\\" in name:
                 raise HarnessError(f"{what} {name!r} is not a plain directory name: evidence stays inside "
                                    "evidence_root")
-        if "://" in root:
+        if is_uri(root):
             try:
                 self.fs, base = pafs.FileSystem.from_uri(root)
-            except (pa.ArrowException, ValueError) as exc:
-                raise HarnessError(f"evidence_root {root!r}: {str(exc).splitlines()[0]}") from exc
+            except (pa.ArrowException, ValueError) as exc:  # its text quotes the URI, query (keys) and all
+                reason = str(exc).splitlines()[0].replace(root, shown(root))
+                raise HarnessError(f"evidence_root {shown(root)!r}: {reason}") from exc
         else:
             self.fs, base = pafs.LocalFileSystem(), str(Path(root).resolve())
         self.root = base
         # an object store's scheme, for the directory as printed (EvidenceLocation.shown_dir)
         self.scheme = urlsplit(root).scheme if not isinstance(self.fs, pafs.LocalFileSystem) else None
         self.sweep_dir = f"{base}/{sweep}"
-        self.run_id = run_id
+        self.run_id, self.sweep = run_id, sweep
         self.run_dir = f"{self.sweep_dir}/{run_id}"
         self.digests: dict[str, str] = {}  # table file -> sha256 of what was written
 
@@ -58,6 +60,16 @@ class EvidenceLocation:
         """The run's directory as printed and indexed: on an object store with its scheme
         (`s3://bucket/...`) and never the root URI's query, which may hold keys."""
         return f"{self.scheme}://{self.run_dir}" if self.scheme else self.run_dir
+
+    @property
+    def log_dir(self) -> Path:
+        """Service and per-run logs: beside the evidence when it is on this machine's disk,
+        else (an object store) in this machine's cache, where processes can append."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            return Path(self.sweep_dir) / "logs"
+        from harness.local_model import cache_root
+
+        return cache_root() / "sweep-logs" / self.sweep
 
     def staging(self) -> "EvidenceLocation":
         """A fresh location for this run's next attempt, beside the run's directory."""
@@ -81,13 +93,15 @@ class EvidenceLocation:
     def recover(self) -> None:
         """Undo what a process killed mid-swap left: the run's previous evidence, moved
         aside, goes back if nothing took its place; staged attempts that never finished go.
-        On an object store, where a swap copies file by file, a staged attempt that is done
-        was being copied in (only done attempts replace evidence there): the copy finishes."""
+        On an object store, where a swap copies file by file, a finished attempt (one with a
+        manifest) that execute_run would have swapped in (a done one, or any over evidence
+        that is not done) was being copied in: the copy finishes."""
         if not isinstance(self.fs, pafs.LocalFileSystem):
             for info in self._staged_leftovers():
-                staged = self._at(info.path)
-                if (staged.read_manifest() or {}).get("status") == "done":
-                    staged.swap_into(self)
+                staged = (self._at(info.path).read_manifest() or {}).get("status")
+                current = (self.read_manifest() or {}).get("status")
+                if staged == "done" or (staged is not None and current != "done"):
+                    self._at(info.path).swap_into(self)
                 else:
                     self.fs.delete_dir(info.path)
             return
@@ -117,15 +131,17 @@ class EvidenceLocation:
             raise HarnessError(f"cannot move the run's evidence into {final.run_dir}: {exc}") from exc
 
     def _copy_into(self, final: "EvidenceLocation") -> None:
-        """An object store has no directory rename: the files are copied, the manifest last,
-        so until the end the run's directory holds the previous manifest (or none), whose
-        digests name any table already replaced; recover() finishes a copy cut short."""
+        """An object store has no directory rename: the previous manifest goes first and the
+        new one is copied last, so until the end the run's directory reads as unfinished,
+        never as done beside tables of another attempt; recover() finishes a copy cut short."""
         def files(run_dir: str) -> list[str]:
             found = self.fs.get_file_info(pafs.FileSelector(run_dir, recursive=True, allow_not_found=True))
             return [i.path[len(run_dir) + 1:] for i in found if i.type == pafs.FileType.File]
 
         try:
             new = sorted(files(self.run_dir), key=lambda name: name == MANIFEST)
+            if final.exists(MANIFEST):
+                self.fs.delete_file(f"{final.run_dir}/{MANIFEST}")
             for name in new:
                 self.fs.copy_file(f"{self.run_dir}/{name}", f"{final.run_dir}/{name}")
             for name in set(files(final.run_dir)) - set(new):

@@ -65,11 +65,7 @@ class SweepStore:
 
     @property
     def log_dir(self) -> Path:
-        """Service and per-run logs: beside the evidence when it is on this machine's disk,
-        else (an object store) in this machine's cache, where processes can append."""
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            return Path(self.dir) / "logs"
-        return Path.home() / ".cache" / "gepa-harness" / "sweep-logs" / self.sweep
+        return self._probe.log_dir
 
     def run_location(self, run_id: str) -> EvidenceLocation:
         return EvidenceLocation(self.evidence_root, self.sweep, run_id)
