@@ -80,11 +80,11 @@ def test_examples_lead_a_turn_only_when_its_failures_cite_inputs() -> None:
         assert plan(cited_success + uncited, True) == rotation[turn % 3]
         assert plan(cited, False) == rotation[turn % 3]
         assert plan(cited, True) == leading[turn % 3]
-        # asking_when_uncited: an uncited turn's attempts are all requests; a cited turn's plan is as before
-        asking = lambda results: format_plan(SEED, formats, turn, 2, results, SETTINGS, True, True)  # noqa: E731
-        assert asking(uncited) == [["rules", "answer_guide"], ["answer_guide", "rules"]][turn % 2]
-        assert asking(cited) == leading[turn % 3]
-    # only `examples` among the formats: an uncited turn keeps it (and asks nothing)
+        # an idle examples edit (asking_when_uncited, and the edit would add nothing): every
+        # attempt is a request, whether the failures cite nothing or only what the module quotes
+        idle = lambda results: format_plan(SEED, formats, turn, 2, results, SETTINGS, True, True)  # noqa: E731
+        assert idle(uncited) == idle(cited) == [["rules", "answer_guide"], ["answer_guide", "rules"]][turn % 2]
+    # only `examples` among the formats: an idle turn keeps it (and asks nothing)
     assert format_plan(SEED, ("examples",), 0, 2, uncited, SETTINGS, True, True) == ["examples", "examples"]
     # without `examples` among the formats there is nothing to lead with
     assert format_plan(SEED, ("rules", "answer_guide"), 0, 2, cited, SETTINGS, True) == ["rules", "answer_guide"]

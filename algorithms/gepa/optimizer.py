@@ -65,8 +65,9 @@ class GepaParams(BaseModel):
     not_answer_style: Literal["forbid", "spell"] = "forbid"
     # a turn whose failures carry cited inputs starts with `examples` (reflect.format_plan)
     examples_first: bool = False
-    # a turn whose failures carry no cited inputs rotates over the formats that ask the
-    # proposer, so each of its attempts is a request (reflect.format_plan)
+    # a turn whose `examples` edit would add nothing (a container that cites no inputs)
+    # rotates over the formats that ask the proposer, so each attempt is a request
+    # (reflect.format_plan)
     asking_when_uncited: bool = False
     merge_every: int = Field(default=0, ge=0)  # every n-th iteration merges two frontier candidates (0: never)
     skip_perfect_minibatch: bool = True
@@ -452,8 +453,9 @@ class GepaOptimizer:
                             sampling={"temperature": temperature,
                                       "max_tokens": params.proposer_max_tokens or ctx.spec.proposer.max_tokens},
                             earlier=self._memory.pairs(), failed_answers=self._failed_answers.answers())
+        examples_idle = params.asking_when_uncited and inputs.examples_edit.status != "changed"
         plan = format_plan(current, params.edit_formats, turn_index, params.proposal_attempts, results, settings,
-                           params.examples_first, params.asking_when_uncited)
+                           params.examples_first, examples_idle)
         scopes: list[str] = []  # this proposal's gateway scopes: other iterations may be proposing too
         turn = await (at_once if params.sample_together else one_by_one)(ctx, plan, inputs, self._health, scopes)
         proposal = turn.proposal

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 from algorithms.gepa.proposer import answer_space
@@ -83,6 +84,13 @@ class TurnInputs:
     earlier: CitedPairs = ()  # citations of the run's earlier failures, for an `examples` edit with room left
     failed_answers: tuple[str, ...] = ()  # the run's failed answers, most frequent first (not_answer_lines)
 
+    @cached_property
+    def examples_edit(self) -> Proposal:
+        """The `examples` edit of this turn: the container's citations, no proposer call;
+        computed once, whether the plan or the turn asks first."""
+        return cite_examples(self.current, self.results, self.settings, self.earlier,
+                             answer_space(self.task_info), self.failed_answers)
+
 
 async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
                      scopes: list[str]) -> Turn:
@@ -90,7 +98,7 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
     for edit_format in plan:
         turn.edit_format = edit_format
         if edit_format == "examples":  # the container's citations: no proposer call
-            turn.proposal = _cite(inputs)
+            turn.proposal = inputs.examples_edit
             if turn.changed:
                 break
             continue
@@ -117,11 +125,9 @@ async def one_by_one(ctx: RunView, plan: list[str], inputs: TurnInputs, health: 
 
 async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: ProposerHealth,
                   scopes: list[str]) -> Turn:
-    cited: Proposal | None = None  # the examples edit, computed at most once a turn
     if plan[0] == "examples":  # free: when the citations change the module, nothing is asked
-        cited = _cite(inputs)
-        if cited.status == "changed":
-            return Turn(edit_format="examples", proposal=cited)
+        if inputs.examples_edit.status == "changed":
+            return Turn(edit_format="examples", proposal=inputs.examples_edit)
     asked = [(i, request(inputs.current, inputs.results, f, inputs.task_info, inputs.settings))
              for i, f in enumerate(plan) if f != "examples"]
     calls = [ctx.propose(messages, **inputs.sampling, scopes=scopes) for _, messages in asked
@@ -143,7 +149,7 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
     for i, edit_format in enumerate(plan):
         turn.edit_format = edit_format
         if edit_format == "examples":
-            turn.proposal = cited if cited is not None else _cite(inputs)
+            turn.proposal = inputs.examples_edit
         elif replies_of[i]:
             turn.proposal = _screen(inputs, messages_of[i], replies_of[i], edit_format)
         else:  # its calls failed: no result of its own
@@ -151,11 +157,6 @@ async def at_once(ctx: RunView, plan: list[str], inputs: TurnInputs, health: Pro
         if turn.changed:
             break
     return turn
-
-
-def _cite(inputs: TurnInputs) -> Proposal:
-    return cite_examples(inputs.current, inputs.results, inputs.settings, inputs.earlier,
-                         answer_space(inputs.task_info), inputs.failed_answers)
 
 
 def _screen(inputs: TurnInputs, messages: list[ChatMessage], replies: list[ChatResult], edit_format: str) -> Proposal:

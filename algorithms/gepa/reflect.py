@@ -104,16 +104,17 @@ def choose_format(module_text: str, formats: Sequence[str], turn: int, settings:
 
 def format_plan(module_text: str, formats: Sequence[str], turn: int, attempts: int,
                 results: Sequence[RolloutResult], settings: EditSettings, examples_first: bool,
-                asking_when_uncited: bool = False) -> list[str]:
+                examples_idle: bool = False) -> list[str]:
     """The formats one turn tries in order until one changes the module: the rotation's from
     the `turn`-th on, one per attempt. With `examples_first`, a turn whose failures carry
     inputs the container cited starts with `examples` (it calls no proposer); a container
-    that cites nothing gets the rotation alone. With `asking_when_uncited`, a turn whose
-    failures cite nothing rotates over the formats that ask the proposer: an `examples`
-    attempt there could only come back unchanged, one request fewer for the turn."""
+    that cites nothing gets the rotation alone. `examples_idle` says this turn's `examples`
+    edit would leave the module as it is: the turn then rotates over the formats that ask
+    the proposer, one request more in place of an attempt that could only come back
+    unchanged."""
     cited = any(is_failure(r) and r.answer_examples for r in results)
     asking = [f for f in formats if f != "examples"]
-    if asking_when_uncited and not cited and asking:
+    if examples_idle and asking:
         formats = asking
     plan = [choose_format(module_text, formats, turn + attempt, settings) for attempt in range(attempts)]
     if examples_first and cited and "examples" in formats:
