@@ -18,6 +18,7 @@ from benchmarks.report.chart_worker import ChartWorker
 from benchmarks.report.frames import ReportFrames, ReportOptions
 from benchmarks.report.markdown import render_markdown
 from harness.evidence import remote
+from harness.evidence.uri import is_uri, joined, shown
 from harness.evidence.reader import recorded_thresholds
 
 ENGINE = "streaming"
@@ -93,16 +94,16 @@ def write_report(sweep_dir: str, *, k: int | None = None, threshold: float = 1.0
     `chart_worker`: draw about half of a sweep's charts in a second process (default: when a
     core is to spare); the files are the same either way. Evidence on an object store
     (`s3://...`) is read from a local mirror, and its report (unless `out`) goes beside it."""
-    if remote.is_uri(sweep_dir):
+    if is_uri(sweep_dir):
         local = remote.mirror(sweep_dir)
         paths = write_report(str(local), k=k, threshold=threshold, task_thresholds=task_thresholds,
                              out=out or str(local / "report"), charts=charts, resamples=resamples, ci_seed=ci_seed,
                              chart_worker=chart_worker)
         if out is not None:
             return paths
-        report_uri = remote.joined(sweep_dir, "report")
+        report_uri = joined(sweep_dir, "report")
         remote.upload(local / "report", report_uri)
-        return dataclasses.replace(paths, report_dir=remote.shown(report_uri))
+        return dataclasses.replace(paths, report_dir=shown(report_uri))
     target = io.locate(sweep_dir)
     per_task = {**recorded_thresholds(target.root), **(task_thresholds or {})}
     options = ReportOptions(k=k, threshold=threshold, task_thresholds=dict(sorted(per_task.items())),

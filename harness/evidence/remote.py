@@ -13,9 +13,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from harness.evidence.reader import EvidenceError, first_line
-from harness.evidence.uri import is_uri, joined, shown
-
-__all__ = ["is_uri", "joined", "mirror", "shown", "upload"]
+from harness.evidence.uri import shown
+from harness.evidence.writer import files_under
 
 # written by the runs for their own use (logs, attempts in progress, checkpoints, locks) or
 # regenerated here (the report): not evidence the report reads
@@ -41,8 +40,7 @@ def mirror(uri: str, cache: Path | None = None) -> Path:
         if info.type != pafs.FileType.Directory:
             raise EvidenceError(f"{shown(uri)}: no such directory")
         parent = path.rstrip("/").rpartition("/")[0]
-        wanted = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                  if i.type == pafs.FileType.File and not _skipped(i.path[len(path):])]
+        wanted = [i for i in files_under(fs, path) if not _skipped(i.path[len(path):])]
         # one run's directory: the sweep's own files too, which say what the run belongs to
         wanted += [i for i in fs.get_file_info([f"{parent}/sweep.json", f"{parent}/index.parquet"])
                    if i.type == pafs.FileType.File]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from urllib.parse import urlsplit
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -29,6 +29,12 @@ from harness.locks import held_in
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 WRITE_PROBE = ".write-probe-"  # check_writable's file, named so that a dead one can be told
+
+
+def files_under(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
+    """Every file below `directory`, at any depth; none when it does not exist."""
+    found = fs.get_file_info(pafs.FileSelector(directory, recursive=True, allow_not_found=True))
+    return [i for i in found if i.type == pafs.FileType.File]
 
 
 class EvidenceLocation:
@@ -55,11 +61,14 @@ class EvidenceLocation:
         self.run_dir = f"{self.sweep_dir}/{run_id}"
         self.digests: dict[str, str] = {}  # table file -> sha256 of what was written
 
+    def shown(self, path: str) -> str:
+        """A directory of this file system as printed and indexed: on an object store with
+        its scheme (`s3://bucket/...`) and never the root URI's query, which may hold keys."""
+        return f"{self.scheme}://{path}" if self.scheme else path
+
     @property
     def shown_dir(self) -> str:
-        """The run's directory as printed and indexed: on an object store with its scheme
-        (`s3://bucket/...`) and never the root URI's query, which may hold keys."""
-        return f"{self.scheme}://{self.run_dir}" if self.scheme else self.run_dir
+        return self.shown(self.run_dir)
 
     @property
     def log_dir(self) -> Path:
@@ -135,8 +144,7 @@ class EvidenceLocation:
         new one is copied last, so until the end the run's directory reads as unfinished,
         never as done beside tables of another attempt; recover() finishes a copy cut short."""
         def files(run_dir: str) -> list[str]:
-            found = self.fs.get_file_info(pafs.FileSelector(run_dir, recursive=True, allow_not_found=True))
-            return [i.path[len(run_dir) + 1:] for i in found if i.type == pafs.FileType.File]
+            return [i.path[len(run_dir) + 1:] for i in files_under(self.fs, run_dir)]
 
         try:
             new = sorted(files(self.run_dir), key=lambda name: name == MANIFEST)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from harness.atomic import atomic_write, is_temporary_of
 from harness.errors import HarnessError
-from harness.evidence.uri import joined, shown
+from harness.evidence.uri import joined
 from harness.evidence.reader import first_line
 from harness.evidence.writer import WRITE_PROBE, EvidenceLocation
 from harness.locks import held_in
@@ -58,7 +58,7 @@ class SweepStore:
         # what opens the folder again (an object store's URI keeps its query: endpoint, region)
         self.uri = joined(evidence_root, sweep) if remote_root else self.dir
         # what a printed line shows: never that query, which may hold keys
-        self.shown_dir = shown(self.uri) if remote_root else self.dir
+        self.shown_dir = self._probe.shown(self.dir)
 
     def check_writable(self) -> None:
         self._probe.check_writable()
