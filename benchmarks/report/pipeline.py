@@ -18,8 +18,8 @@ from benchmarks.report.chart_worker import ChartWorker
 from benchmarks.report.frames import ReportFrames, ReportOptions
 from benchmarks.report.markdown import render_markdown
 from harness.evidence import remote
-from harness.evidence.uri import is_uri, joined, shown
 from harness.evidence.reader import recorded_thresholds
+from harness.evidence.uri import is_uri, joined, shown
 
 ENGINE = "streaming"
 
