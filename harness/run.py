@@ -24,7 +24,7 @@ from harness.context import Progress, RunContext, RunFailed
 from harness.contract import PolicyBlock
 from harness.errors import HarnessError, PreflightError, Unreachable, hide_capabilities
 from harness.evidence.recorder import model_call_rows
-from harness.evidence.uri import is_uri, shown
+from harness.evidence.uri import shown
 from harness.evidence.writer import EvidenceLocation
 from harness.gateway.session import GatewaySession
 from harness.heap import HeapFreeze
@@ -390,8 +390,7 @@ def _write_all(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, *, st
     manifest: dict[str, Any] = {
         "run_id": spec.run_id, "sweep": spec.sweep, "status": status, "error": error, "stop_reason": stop_reason,
         # an object store's URI without its query, which may hold keys
-        "spec": spec.model_dump(mode="json") | {"evidence_root": shown(spec.evidence_root)
-                                                if is_uri(spec.evidence_root) else spec.evidence_root},
+        "spec": spec.model_dump(mode="json") | {"evidence_root": shown(spec.evidence_root)},
         "identity": spec.identity(), "axes": spec.axes,
         "versions": package_versions(), "model_servers": model_servers or [],
         "price_table_version": PRICE_TABLE_VERSION,

@@ -5,6 +5,7 @@ report a local copy of the evidence gives."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,6 +80,8 @@ def test_a_run_on_s3_is_reported_beside_its_evidence_as_from_a_local_copy(s3_roo
     run_uri = under(s3_root, f"local/{run_id}")
     evidence = files(run_uri)
     assert {"manifest.json", "rollouts.parquet", "candidates.parquet"} <= set(evidence)
+    recorded_root = json.loads(evidence["manifest.json"])["spec"]["evidence_root"]
+    assert recorded_root == f"s3://{BUCKET}/evidence"  # the query is not kept in the evidence either
     again = run_cli("models=scripted", f"evidence_root='{s3_root}'", f"data_dir={data_dir}", "budget.max_rollouts=40")
     assert again.returncode == 0 and f"run {run_id} is already done" in again.stdout, again.stdout[-2000:]
 

@@ -13,7 +13,10 @@ def is_uri(path: str | os.PathLike[str]) -> bool:
 
 
 def shown(uri: str) -> str:
-    """`uri` without its query or credentials: what a printed line or a log may hold."""
+    """`uri` without its query or credentials: what a printed line or a log may hold. A local
+    path has neither and comes back as it is."""
+    if not is_uri(uri):
+        return uri
     parts = urlsplit(uri)
     return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
 
