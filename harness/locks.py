@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 
 import pyarrow.fs as pafs
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Held
 
 
 @contextmanager
@@ -33,7 +33,7 @@ def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None =
 def held_alone(path: str, busy: str) -> Iterator[None]:
     """Hold `path` while the block runs: a directory, or a lock file created for the block
     and removed at its end (a killed holder leaves it, unlocked, for the next to take). If
-    another process holds it, HarnessError(`busy`) before the block starts. The descriptor
+    another process holds it, Held(`busy`) before the block starts. The descriptor
     is not inherited by child processes (os.open's default), so a model server or container
     started inside the block does not keep the lock after this process ends."""
     directory = os.path.isdir(path)
@@ -59,7 +59,7 @@ def _take(path: str, busy: str, directory: bool) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise HarnessError(busy) from None
+            raise Held(busy) from None
         except OSError:
             return fd  # no flock here (e.g. some network file systems): unlocked, as on an object store
         if directory or _still_there(fd, path):

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.config import HarnessConfig
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, Held
 from harness.evidence.configs import CONFIG_AXIS
 from harness.services import Services
 from harness.sweep.expand import SweepSpec
@@ -88,8 +88,9 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
         try:
             # a done run's evidence a killed forced redo left moved aside goes back first, so
             # the run is skipped as done here rather than refused as done by its worker; a
-            # run `python -m harness` is running meanwhile keeps its staged attempt
-            with suppress(HarnessError), location.held():
+            # run `python -m harness` is running meanwhile keeps its staged attempt; a
+            # roll-forward that fails stops the sweep here, before any work
+            with suppress(Held), location.held():
                 location.recover()
             manifest = location.read_manifest()
         except (OSError, ValueError):  # unreadable: not done, so it runs again (as execute_run decides too)
