@@ -1,12 +1,19 @@
 """Our GEPA's `examples` edit without a model: the inputs the container cited, quoted as
 `"input" -> answer` lines (no proposer call), when a turn leads with it, its caps, the
-run's earlier failures, and the section on the policy's invented answers."""
+run's earlier failures, the section on the policy's invented answers, and (in a run on a
+container that cites nothing) what a turn does when the edit would add nothing."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from algorithms.gepa.edits import LearnedModule, union
 from algorithms.gepa.optimizer import GepaParams
 from harness.candidates import RolloutResult
+from conftest import container_spec, execute, make_run_spec, read_evidence
+from servers import ScriptedModelThread
 from test_gepa_proposer import LABELS, SEED, SETTINGS, failure
 
 
@@ -189,3 +196,23 @@ def test_the_spell_style_names_the_labels_invented_answers_misspell_and_never_th
     one = GepaParams(not_answer_lines=1, not_answer_style="spell").edit_settings()
     capped = cite_examples(SEED, [*results, failure("top_up_failed", "top_up_faild")], one, labels=LABELS)
     assert LearnedModule.parse(capped.text).lines("spellings") == ("- `exchange_rate`",)  # the cap
+
+
+@pytest.mark.parametrize("asking", [False, True])
+def test_a_turn_whose_examples_edit_adds_nothing_asks_only_with_asking_when_uncited(
+        tmp_path: Path, data_dir: Path, heart_disease_url: str, scripted_policy, asking: bool) -> None:
+    """Heart disease cites no inputs, so its `examples` edit always comes back unchanged: by
+    default the turn that leads with it ends there, with no proposer call; with
+    `asking_when_uncited` the turn asks the proposer instead."""
+    params = {"minibatch_size": 4, "edit_formats": ["examples", "rewrite"], "proposal_attempts": 1,
+              "proposal_samples": 1, "proposer_max_tokens": 4000, "asking_when_uncited": asking}
+    spec = make_run_spec(container_spec("heart_disease", data_dir), tmp_path, train=[f"train:{i}" for i in range(12)],
+                         pareto=[f"train:{i}" for i in range(12, 16)], heldout=["test:0"], max_rollouts=60,
+                         proposer_script="queue", params=params, max_generations=1)
+    with ScriptedModelThread("queue", ["```\nAnswer yes or no.\n```"]) as proposer:
+        outcome = execute(spec, heart_disease_url, scripted_policy.base_url, proposer.base_url)
+    assert outcome.status == "done", outcome.error
+    ev = read_evidence(outcome.evidence_dir)
+    turns = ev["proposals"].select("edit_format", "attempts").rows()
+    assert turns == ([("rewrite", 1)] if asking else [("examples", 0)])
+    assert ev["manifest"]["totals"]["proposer_calls"] == (1 if asking else 0)
