@@ -177,7 +177,7 @@ class RulesScript(Script):
             expected = _expected_label(sections.get("feedback", ""))
             if expected is None or expected.lower() in ruled_labels or _passed(sections, expected):
                 continue
-            word = _distinctive_word(_input_text(sections.get("input", ""), expected), ruled_words)
+            word = rule_word(_input_text(sections.get("input", ""), expected), ruled_words)
             if word is None:
                 continue
             rule = RULE_TEMPLATE.format(word=word, label=expected)
@@ -219,7 +219,9 @@ def _expected_label(feedback: str) -> str | None:
     return None
 
 
-def _distinctive_word(text: str, taken: set[str]) -> str | None:
+def rule_word(text: str, taken: set[str] = frozenset()) -> str | None:
+    """The word the `rules` proposer keys a rule for `text` on: its longest word of five
+    letters or more that is no stop word and not in `taken` (the words ruled already)."""
     best: str | None = None
     for word in _WORD_RE.findall(text):
         low = word.lower()

@@ -226,8 +226,8 @@ def test_each_module_gets_every_edit_format() -> None:
     rotation = Rotation(["system", "user"])
     formats = ("rules", "answer_guide")
     seen: dict[str, set[str]] = {"system": set(), "user": set()}
-    for iteration in range(8):
-        module, turn = rotation.next(iteration)
+    for _ in range(8):
+        module, turn = rotation.next()
         seen[module].add(choose_format(SEED, formats, turn, SETTINGS))
     assert seen == {"system": set(formats), "user": set(formats)}
 

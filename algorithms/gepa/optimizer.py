@@ -323,7 +323,7 @@ class GepaOptimizer:
                                                       for r in parent_results):
             ctx.event("skip", "parent is perfect on the minibatch", iteration=iteration, parent=parent.candidate_id)
             return
-        module, turn = self._rotation.next(iteration)
+        module, turn = self._rotation.next()
         child = await self._propose(ctx, parent, module, turn, parent_results, iteration, parent_score)
         self._memory.remember(parent_results)
         self._failed_answers.remember(parent_results)

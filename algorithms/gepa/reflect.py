@@ -77,16 +77,19 @@ class Proposal(BaseModel):
 
 
 class Rotation:
-    """Which module an iteration edits (round robin over iterations) and that module's turn
-    in its own rotation of edit formats: with two modules and two formats, each module
-    still gets both formats."""
+    """Which module a proposal edits (round robin over the proposals, not the iterations: a
+    merge or a skipped iteration takes no turn, so a merge every second iteration does not
+    leave one of two modules every proposal) and that module's turn in its own rotation of
+    edit formats: with two modules and two formats, each module still gets both formats."""
 
     def __init__(self, modules: Sequence[str]):
         self.modules = list(modules)
         self.turns: dict[str, int] = {}
+        self.proposals = 0
 
-    def next(self, iteration: int) -> tuple[str, int]:
-        module = self.modules[iteration % len(self.modules)]
+    def next(self) -> tuple[str, int]:
+        module = self.modules[self.proposals % len(self.modules)]
+        self.proposals += 1
         turn = self.turns.get(module, 0)
         self.turns[module] = turn + 1
         return module, turn
