@@ -15,9 +15,11 @@ from harness.errors import HarnessError, Held
 
 
 @contextmanager
-def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None = None) -> Iterator[None]:
+def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None = None,
+            shared: bool = False) -> Iterator[None]:
     """`folder` (created if absent), or its file `lock_file`, held by this process alone while
-    the block runs (held_alone). Off the local disk (an object store) there is no lock."""
+    the block runs, or `shared` with other sharers but no one alone (held_alone). Off the
+    local disk (an object store) there is no lock."""
     if not isinstance(fs, pafs.LocalFileSystem):
         yield
         return
@@ -25,19 +27,23 @@ def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None =
         fs.create_dir(folder, recursive=True)
     except OSError as exc:
         raise HarnessError(f"evidence directory {folder} is not writable: {exc}") from exc
-    with held_alone(folder if lock_file is None else f"{folder}/{lock_file}", busy):
+    with held_alone(folder if lock_file is None else f"{folder}/{lock_file}", busy, shared):
         yield
 
 
 @contextmanager
-def held_alone(path: str, busy: str) -> Iterator[None]:
+def held_alone(path: str, busy: str, shared: bool = False) -> Iterator[None]:
     """Hold `path` while the block runs: a directory, or a lock file created for the block
     and removed at its end (a killed holder leaves it, unlocked, for the next to take). If
-    another process holds it, Held(`busy`) before the block starts. The descriptor
-    is not inherited by child processes (os.open's default), so a model server or container
-    started inside the block does not keep the lock after this process ends."""
+    another process holds it, Held(`busy`) before the block starts. `shared` (a directory
+    only: a lock file goes when its holder lets go) lets other sharers hold it at once and
+    keeps out whoever wants it alone. The descriptor is not inherited by child processes
+    (os.open's default), so a model server or container started inside the block does not
+    keep the lock after this process ends."""
     directory = os.path.isdir(path)
-    fd = _take(path, busy, directory)
+    if shared and not directory:
+        raise ValueError(f"a shared lock is for a directory: {path}")
+    fd = _take(path, busy, directory, shared)
     try:
         yield
     finally:
@@ -47,7 +53,7 @@ def held_alone(path: str, busy: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _take(path: str, busy: str, directory: bool) -> int:
+def _take(path: str, busy: str, directory: bool, shared: bool) -> int:
     while True:
         try:
             # a file is opened for writing: NFS emulates flock with fcntl locks, which need that
@@ -56,7 +62,7 @@ def _take(path: str, busy: str, directory: bool) -> int:
         except OSError as exc:
             raise HarnessError(f"cannot lock {path}: {exc.strerror or exc}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise Held(busy) from None

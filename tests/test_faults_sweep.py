@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import container_spec, execute
+from conftest import container_spec, execute, run_cli
 from faults import check_rows_exactly_once, small_spec
 from harness.checkpoint import CheckpointStore
 from harness.errors import HarnessError
@@ -349,8 +349,33 @@ def test_a_second_driver_of_a_sweep_stops_before_it_writes(tmp_path, data_dir) -
         second = run_sweep(evidence, data_dir, *overrides, timeout=120)
         assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
         errors = [line for line in second.stdout.splitlines() if line.startswith("error:")]
-        assert errors == [f"error: sweep folder {store.dir} is in use by another sweep driver; wait for it to "
-                          "end, or give this sweep another name"], second.stdout[-3000:]
+        assert errors == [f"error: sweep folder {store.dir} is in use by another sweep driver or a run of `python "
+                          "-m harness`; wait for it to end, or give this sweep another name"], second.stdout[-3000:]
         assert sorted(p.name for p in (evidence / "smoke").iterdir()) in ([], ["logs"])
     assert run_sweep(evidence, data_dir, *overrides).returncode == 0
     assert [r["status"] for r in index_rows(evidence / "smoke")] == ["done"]
+
+
+def test_a_sweep_driver_and_a_single_run_never_run_in_one_folder_at_once(tmp_path, data_dir) -> None:
+    """`python -m harness` runs in the sweep folder `local` and holds it shared with other
+    single runs: a sweep driver of that folder, which runs its runs without their own locks,
+    stops with one line while such a run runs, and a single run stops with one line while
+    a driver holds the folder; neither starts anything."""
+    evidence = tmp_path / "evidence"
+    folder = evidence / "local"
+    with EvidenceLocation(str(evidence), "local", "0123456789abcdef").held():  # as `python -m harness` holds its run
+        sweep = run_sweep(evidence, data_dir, "sweep.name=local", "sweep.containers=[banking77]", "sweep.seeds=[0]",
+                          "budget.max_rollouts=20", timeout=120)
+    assert sweep.returncode == 2, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    errors = [line for line in sweep.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: sweep folder {folder} is in use by another sweep driver or a run of `python -m "
+                      "harness`; wait for it to end, or give this sweep another name"], sweep.stdout[-3000:]
+    with SweepStore(str(evidence), "local").held():
+        single = run_cli("models=scripted", "budget.max_rollouts=20", f"evidence_root={evidence}",
+                         f"data_dir={data_dir}")
+    assert single.returncode == 2, single.stdout[-3000:] + single.stderr[-3000:]
+    errors = [line for line in single.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: sweep folder {folder} is in use by a sweep driver; wait for it to end"], \
+        single.stdout[-3000:]
+    assert "starting container" not in single.stdout
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) in ([], ["logs"])

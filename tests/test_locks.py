@@ -56,3 +56,19 @@ def test_a_directory_is_held_and_stays(tmp_path) -> None:
     assert tmp_path.is_dir()
     with held_alone(str(tmp_path), "in use"):
         pass
+
+
+def test_a_directory_held_shared_admits_sharers_and_keeps_out_a_holder_alone(tmp_path) -> None:
+    with held_alone(str(tmp_path), "in use", shared=True):
+        with held_alone(str(tmp_path), "in use", shared=True):  # another sharer
+            pass
+        with pytest.raises(Held, match="^in use$"):
+            with held_alone(str(tmp_path), "in use"):
+                pass
+    with held_alone(str(tmp_path), "in use"):
+        with pytest.raises(Held, match="^in use$"):
+            with held_alone(str(tmp_path), "in use", shared=True):
+                pass
+    with pytest.raises(ValueError, match="for a directory"):  # a lock file goes when any sharer lets go
+        with held_alone(str(tmp_path / ".lock"), "in use", shared=True):
+            pass

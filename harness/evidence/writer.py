@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -84,15 +85,20 @@ class EvidenceLocation:
         """A fresh location for this run's next attempt, beside the run's directory."""
         return self._at(f"{self.sweep_dir}/{STAGING}/{self.run_id}-{uuid.uuid4().hex[:12]}")
 
-    def held(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def held(self) -> Iterator[None]:
         """This run for this process alone while the block runs: the same run started twice
         would share its checkpoint, and each start's recover() would delete the other's
-        staged attempt. A sweep's driver holds its whole folder instead. The lock is a file
-        beside the run's directory, `.<run_id>.lock`, there while the run is held; on an
-        object store there is none."""
-        return held_in(self.fs, self.sweep_dir, f"run {self.run_id} is running in another process (its evidence: "
-                                                f"{self.run_dir}); wait for it to end, or change the run's settings "
-                                                "or seed", lock_file=f".{self.run_id}.lock")
+        staged attempt. The lock is a file beside the run's directory, `.<run_id>.lock`,
+        there while the run is held; the sweep folder is held too, shared with the runs of
+        other settings, so that no sweep driver (which holds the folder alone, and its runs
+        with it) runs this run meanwhile. On an object store there is no lock."""
+        with held_in(self.fs, self.sweep_dir, f"sweep folder {self.sweep_dir} is in use by a sweep driver; wait for "
+                                              "it to end", shared=True), \
+                held_in(self.fs, self.sweep_dir, f"run {self.run_id} is running in another process (its evidence: "
+                                                 f"{self.run_dir}); wait for it to end, or change the run's settings "
+                                                 "or seed", lock_file=f".{self.run_id}.lock"):
+            yield
 
     def _staged_leftovers(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(f"{self.sweep_dir}/{STAGING}", allow_not_found=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.config import HarnessConfig
-from harness.errors import ConfigError, HarnessError, Held
+from harness.errors import ConfigError, HarnessError
 from harness.evidence.configs import CONFIG_AXIS
 from harness.services import Services
 from harness.sweep.expand import SweepSpec
@@ -87,11 +86,10 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
         location = store.run_location(run.spec.run_id)
         try:
             # a done run's evidence a killed forced redo left moved aside goes back first, so
-            # the run is skipped as done here rather than refused as done by its worker; a
-            # run `python -m harness` is running meanwhile keeps its staged attempt; a
+            # the run is skipped as done here rather than refused as done by its worker (the
+            # folder is this driver's alone: no `python -m harness` run is running in it); a
             # roll-forward that fails stops the sweep here, before any work
-            with suppress(Held), location.held():
-                location.recover()
+            location.recover()
             manifest = location.read_manifest()
         except (OSError, ValueError):  # unreadable: not done, so it runs again (as execute_run decides too)
             manifest = None

@@ -73,12 +73,13 @@ class SweepStore:
     def held(self) -> AbstractContextManager[None]:
         """The sweep folder for this driver alone, until the block ends or the process dies.
         A second driver of the same sweep would run the same runs into the same directories
-        and overwrite the index, so it stops here with one line. An flock on the folder
-        itself (no lock file to leave behind), which holds among the processes of one host;
-        an object store, or a file system without flock, has no such lock, and one driver
-        per sweep is then the user's to keep."""
-        return held_in(self.fs, self.dir, f"sweep folder {self.dir} is in use by another sweep driver; wait for "
-                                          "it to end, or give this sweep another name")
+        and overwrite the index, so it stops here with one line; so does a driver of the
+        folder `python -m harness` runs in while one runs there (a run holds it shared). An
+        flock on the folder itself (no lock file to leave behind), which holds among the
+        processes of one host; an object store, or a file system without flock, has no such
+        lock, and one driver per sweep is then the user's to keep."""
+        return held_in(self.fs, self.dir, f"sweep folder {self.dir} is in use by another sweep driver or a run of "
+                                          "`python -m harness`; wait for it to end, or give this sweep another name")
 
     def drop_dead_temporaries(self) -> None:
         """Delete what a driver killed mid-write left beside the index and sweep.json: their
