@@ -29,6 +29,7 @@ from harness.checkpoint import CheckpointStore
 from harness.errors import HarnessError
 from harness.evidence.writer import EvidenceLocation
 from servers import ScriptedModelThread
+from harness.sweep.grid import solved_thresholds
 from harness.sweep.store import SweepStore
 from test_sweep_ray import (
     SweepProcess,
@@ -292,6 +293,36 @@ def test_an_index_carried_into_a_later_invocation_names_no_run_running(tmp_path)
     rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
     assert {k: r["status"] for k, r in rows.items()} == {"a": "pending", "b": "failed", "c": "skipped"}
     assert rows["b"]["error"] == "container exited with code 3"
+
+
+def test_a_carried_row_of_a_run_left_pending_takes_the_status_its_manifest_records(tmp_path) -> None:
+    """A driver stopped after a run's evidence was swapped in but before its index write
+    leaves the run pending in the index; a later invocation that does not plan the run
+    carries the status the run's manifest records, not the stale one. A done or skipped
+    row is kept as the index has it."""
+    SweepStore(str(tmp_path), "s").write_index(
+        [{"run_id": "a", "status": "pending", "seed": 0, "attempts": 1},
+         {"run_id": "b", "status": "skipped", "seed": 1, "attempts": 0, "evidence_dir": "/e/s/b"}])
+    later = SweepStore(str(tmp_path), "s")
+    later.earlier_runs(set())
+    from_manifests = {run_id: {"run_id": run_id, "status": "done", "seed": seed, "attempts": None, "best_heldout": 0.5,
+                               "evidence_dir": later.run_location(run_id).run_dir} for run_id, seed in (("a", 0), ("b", 1))}
+    later.adopt(from_manifests)
+    later.write_index([])
+    rows = {r["run_id"]: r for r in pq.read_table(tmp_path / "s" / "index.parquet").to_pylist()}
+    assert (rows["a"]["status"], rows["a"]["best_heldout"], rows["a"]["evidence_dir"]) == (
+        "done", 0.5, later.run_location("a").run_dir)
+    assert (rows["b"]["status"], rows["b"]["attempts"]) == ("skipped", 0)
+
+
+def test_the_sweep_records_the_solved_thresholds_of_earlier_invocations_runs_too(data_dir) -> None:
+    """The report's coverage of a task reads its threshold from sweep.json: a later
+    invocation over other containers keeps those of the runs it does not plan."""
+    spec = small_spec(container_spec("heart_disease", data_dir, solved_threshold=0.9), str(data_dir))
+    earlier = {"r1": {"spec": {"container": {"name": "hotpotqa", "solved_threshold": 0.8}}},
+               "r2": {"spec": {"container": {"name": "heart_disease", "solved_threshold": 0.5}}},
+               "r3": {"axes": {"seed": "1"}, "identity": {"seed": 1}}}  # failed before writing evidence
+    assert solved_thresholds([spec], earlier) == {"heart_disease": 0.9, "hotpotqa": 0.8}
 
 
 def test_a_carried_row_names_the_evidence_where_the_sweep_folder_is_now(tmp_path) -> None:

@@ -19,7 +19,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.evidence.configs import CONFIG_AXIS
 from harness.services import Services
 from harness.sweep.expand import SweepSpec
-from harness.sweep.grid import sweep_grid
+from harness.sweep.grid import solved_thresholds, sweep_grid
 from harness.sweep.schedule import (
     PlannedRun, endpoint_limits, index_row, manifest_row, ray_address, recorded_results, run_on_cluster, schedule,
     start_services,
@@ -66,15 +66,14 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
         console.print(f"tracking: MLflow experiment {tracking.experiment!r} at {tracking.uri}", highlight=False,
                       markup=False, soft_wrap=True)
     log_dir = store.log_dir
-    thresholds = {r.spec.container.name: r.spec.container.solved_threshold for r in runs
-                  if r.spec.container.solved_threshold is not None}
     planned = {r.spec.run_id for r in runs}
     earlier = store.earlier_runs(planned)
+    thresholds = solved_thresholds([r.spec for r in runs], earlier)
     store.adopt({r: manifest_row(r, m, store.run_location(r).shown_dir) for r, m in earlier.items()})
     grid = sweep_grid([r.spec for r in runs], earlier)
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
-                       "solved_thresholds": dict(sorted(thresholds.items()))})
+                       "solved_thresholds": thresholds})
     if earlier:
         told_apart = any(p.get(CONFIG_AXIS, "-") != "-" for p in grid)
         console.print(f"sweep {sweep.name}: its report also covers {len(earlier)} run(s) earlier invocations left in "

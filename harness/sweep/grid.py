@@ -41,6 +41,16 @@ def sweep_grid(planned: list[RunSpec], earlier: dict[str, dict[str, Any]]) -> li
     return list(points.values())
 
 
+def solved_thresholds(planned: list[RunSpec], earlier: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Container name -> the `solved_threshold` its config sets, for every run of the grid:
+    earlier invocations' runs (from their manifests' specs) and this one's, which win where
+    a container's config changed since."""
+    containers = [(m.get("spec") or {}).get("container") or {} for _, m in sorted(earlier.items())]
+    containers += [s.container.model_dump() for s in planned]
+    found = {c.get("name"): c.get("solved_threshold") for c in containers if c.get("solved_threshold") is not None}
+    return {str(name): float(value) for name, value in sorted(found.items())}
+
+
 def _labels_within_cells(points: dict[str, dict[str, str]], found: dict[str, dict[str, str]]) -> dict[str, str]:
     """Run id -> its configuration's name, for the runs of cells holding more than one
     configuration (the axes already tell cells apart)."""

@@ -126,9 +126,18 @@ class SweepStore:
                 for r in self._carried if r["status"] == "failed" and not r["evidence_dir"] and r["identity_json"]}
 
     def adopt(self, rows: dict[str, dict[str, Any] | None]) -> None:
-        """Carry `rows` (run id -> index row) of earlier runs the index has no row of."""
-        known = {r["run_id"] for r in self._carried}
-        self._carried += [row for run_id, row in sorted(rows.items()) if row is not None and run_id not in known]
+        """Carry `rows` (run id -> index row read from the run's manifest) of earlier runs:
+        those the index has no row of, and in place of an index row of an unfinished or
+        failed run whose manifest says otherwise (an invocation stopped between a run's end
+        and its index write left the run pending; its manifest says done)."""
+        at = {r["run_id"]: i for i, r in enumerate(self._carried)}
+        for run_id, row in sorted(rows.items()):
+            if row is None:
+                continue
+            if run_id not in at:
+                self._carried.append(row)
+            elif self._carried[at[run_id]].get("status") not in ("done", "skipped", row["status"]):
+                self._carried[at[run_id]] = row
 
     def write_index(self, rows: list[dict[str, Any]]) -> None:
         """The index: this invocation's `rows` after the carried ones."""
