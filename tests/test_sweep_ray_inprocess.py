@@ -5,6 +5,7 @@ off the driver's loop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import io
 import os
 import threading
@@ -314,3 +315,57 @@ class TestInProcessRay:
         assert ray.get(limiter.in_use.remote()) == {}
         on_disk = {r["seed"]: (r["status"], r["attempts"]) for r in index_rows(tmp_path / "death")}
         assert on_disk == {1: ("failed", 2), 0: ("done", 1), 2: ("failed", 1), 3: ("done", 1)}
+
+    def test_a_worker_that_dies_after_its_run_is_in_place_leaves_the_run_done(self, tmp_path):
+        """A forced sweep: seed 0 (no evidence before) and seed 2 (done evidence before) die
+        right after their attempt's manifest is in place, and are recorded done from it
+        without a second attempt; seed 1 (done evidence before) dies before writing any, and
+        its old evidence does not count: it is retried, and done by its second attempt."""
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+            raw = OmegaConf.to_container(compose(config_name="config", overrides=[
+                "models=scripted", f"evidence_root={tmp_path}", "ray.cpus_per_run=0.5", "ray.max_runs_in_flight=1",
+                "force=true"]), resolve=True)
+        base = load_config(raw, base_dir=str(REPO))
+        runs = [PlannedRun(spec=run_spec(base.model_copy(update={"seed": s}), sweep="late", axes={"seed": str(s)}),
+                           max_error_rate=0.5) for s in (0, 1, 2)]
+        endpoints = Endpoints(container_url="http://container", policy_url="http://policy",
+                              proposer_url="http://proposer")
+
+        def manifest(attempt: str) -> str:
+            return json.dumps({"status": "done", "files": {"rollouts.parquet": attempt}, "totals": {"rollouts": 7},
+                               "seed_candidate_id": "c0000", "best_candidate_id": "c0003",
+                               "heldout": [{"candidate_id": "c0000", "heldout_score": 0.25},
+                                           {"candidate_id": "c0003", "heldout_score": 0.5}]})
+
+        for run in runs[1:]:  # a forced redo's done evidence from before
+            run_dir = tmp_path / "late" / run.spec.run_id
+            run_dir.mkdir(parents=True)
+            (run_dir / "manifest.json").write_text(manifest("before"))
+
+        @ray.remote
+        class LateDyingWorker:
+            def run(self, spec_json, endpoints_json, limiter, board, log_dir, max_error_rate, **_: object):
+                spec = RunSpec.model_validate_json(spec_json)
+                run_dir = tmp_path / "late" / spec.run_id
+                tried = run_dir / "tried"
+                if spec.seed == 1 and not tried.exists():
+                    tried.write_text("1")
+                    os._exit(1)  # dies before its attempt writes anything
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / "manifest.json").write_text(manifest(f"attempt of seed {spec.seed}"))
+                if spec.seed != 1:
+                    os._exit(1)  # dies after its run's evidence is in place
+                return RunOutcome(run_id=spec.run_id, status="done", evidence_dir=str(run_dir),
+                                  rollouts=7, best_heldout=0.5).model_dump_json()
+
+        limiter = EndpointLimiter.remote({})
+        store = SweepStore(str(tmp_path), "late")
+        rows = {r.spec.run_id: index_row(r.spec, "pending", None, 0) for r in runs}
+        schedule(runs, {r.spec.run_id: endpoints for r in runs}, limiter, SweepBoard.remote(), base, store, rows,
+                 tmp_path / "logs", Console(file=io.StringIO()), LateDyingWorker)
+
+        by_seed = {row["seed"]: row for row in rows.values()}
+        assert {s: (r["status"], r["attempts"]) for s, r in by_seed.items()} == {
+            0: ("done", 1), 1: ("done", 2), 2: ("done", 1)}, by_seed
+        assert by_seed[0]["evidence_dir"] == str(tmp_path / "late" / runs[0].spec.run_id)
+        assert (by_seed[0]["rollouts"], by_seed[0]["seed_heldout"], by_seed[0]["best_heldout"]) == (7, 0.25, 0.5)

@@ -1,7 +1,8 @@
 """Places a sweep's runs on Ray: where each run goes (one machine, or the node with room
 on a cluster, each node with its own service set), a bounded number in flight, a run whose
 worker dies retried once, a run whose node is lost moved to a live node, and the index row
-that records each."""
+that records each. A run whose worker died after its evidence was in place is done, from
+its manifest."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from harness.config import HarnessConfig
 from harness.console import SweepStatus
 from harness.container_keeper import RestartOutcome
 from harness.errors import HarnessError
+from harness.evidence.writer import EvidenceLocation
 from harness.run import RunOutcome
 from harness.services import Endpoints, Services
 from harness.specs import RunSpec
@@ -62,6 +64,19 @@ def recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
             "wall_s": (manifest.get("timings") or {}).get("wall_s"),
             "seed_heldout": heldout.get(manifest.get("seed_candidate_id")),
             "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
+
+
+def done_manifest(spec: RunSpec) -> dict[str, Any] | None:
+    """The run's manifest if its evidence in place is done (unreadable: not done)."""
+    try:
+        manifest = store_location(spec).read_manifest()
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("status") == "done" else None
+
+
+def store_location(spec: RunSpec) -> EvidenceLocation:
+    return EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
 
 
 def manifest_row(run_id: str, manifest: dict[str, Any], evidence_dir: str) -> dict[str, Any] | None:
@@ -166,6 +181,9 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
     queue = list(todo)
     driver = (socket.gethostname(), os.getpid())  # workers on this host stop when this process is gone
     attempts: dict[str, int] = {}
+    # a run's done evidence before its first attempt (a forced redo's), told apart from
+    # what an attempt of this sweep swapped in by the manifest's list of file digests
+    files_before: dict[str, Any] = {}
     crashes: dict[str, int] = {}
     moved: dict[str, list[str]] = {}  # run id -> nodes it was lost on
     in_flight: dict[Any, tuple[PlannedRun, Any, Slot]] = {}
@@ -185,6 +203,8 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
         actor = pool.pop() if pool else worker_cls.options(num_cpus=base.ray.cpus_per_run,
                                                            **slot.actor_options).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
+        if run.spec.run_id not in files_before:
+            files_before[run.spec.run_id] = (done_manifest(run.spec) or {}).get("files")
         extra = {"node_services": slot.node_services} if slot.node_services is not None else {}
         ref = actor.run.remote(run.spec.model_dump_json(), slot.endpoints.model_dump_json(), limiter, board,
                                slot.log_dir, run.max_error_rate, holder=holder(run.spec.run_id), force=base.force,
@@ -227,17 +247,26 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                 except (RayActorError, WorkerCrashedError) as exc:
                     # the worker died holding endpoint slots: give them back, or the limits shrink for good
                     limiter.release_holder.remote(holder(run_id))
-                    if placement.lost(slot.node, exc):  # the whole node went: the run moves
+                    node_lost = placement.lost(slot.node, exc)  # the whole node went
+                    if node_lost:
                         idle.pop(slot.node, None)
+                    finished = done_manifest(run.spec)
+                    if finished is not None and finished.get("files") != files_before[run_id]:
+                        # it died after the run's evidence was in place: the run is done, not to redo
+                        results = {k: v for k, v in recorded_results(finished).items() if v is not None}
+                        outcome = RunOutcome(run_id=run_id, status="done",
+                                             evidence_dir=store_location(run.spec).shown_dir, **results)
+                    elif node_lost:  # the run moves
                         moved.setdefault(run_id, []).append(slot.node)
                         queue.insert(0, run)
                         continue
-                    crashes[run_id] = crashes.get(run_id, 0) + 1
-                    if crashes[run_id] < 2:  # the worker died: retry once on a fresh actor
-                        queue.insert(0, run)
-                        continue
-                    outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="",
-                                         error=f"worker died twice: {type(exc).__name__}")
+                    else:
+                        crashes[run_id] = crashes.get(run_id, 0) + 1
+                        if crashes[run_id] < 2:  # the worker died: retry once on a fresh actor
+                            queue.insert(0, run)
+                            continue
+                        outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="",
+                                             error=f"worker died twice: {type(exc).__name__}")
                 except RayError as exc:  # the run raised past the worker's own handler: that run fails
                     limiter.release_holder.remote(holder(run_id))
                     outcome = RunOutcome(run_id=run_id, status="failed", evidence_dir="", error=_ray_error(exc))
