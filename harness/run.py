@@ -366,7 +366,7 @@ def _write(location: EvidenceLocation, ctx: RunContext, spec: RunSpec, **fields:
     what was written of this run, so no directory holds some tables and no manifest."""
     try:
         _write_all(location, ctx, spec, **fields)
-    except HarnessError:
+    except Exception:  # a disk error (HarnessError), or a row that does not fit its table
         try:
             location.clear_partial()
         except OSError:

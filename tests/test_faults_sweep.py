@@ -315,6 +315,14 @@ def test_a_carried_row_of_a_run_left_pending_takes_the_status_its_manifest_recor
     assert (rows["b"]["status"], rows["b"]["attempts"]) == ("skipped", 0)
 
 
+def test_a_run_whose_manifest_cannot_be_read_is_named_not_dropped_in_silence(tmp_path) -> None:
+    store = SweepStore(str(tmp_path), "s")
+    (tmp_path / "s" / "r1").mkdir(parents=True)
+    (tmp_path / "s" / "r1" / "manifest.json").write_text('{"status": "do')  # cut short
+    assert store.earlier_runs(set()) == {}
+    assert list(store.unreadable) == ["r1"] and store.unreadable["r1"]
+
+
 def test_the_sweep_records_the_solved_thresholds_of_earlier_invocations_runs_too(data_dir) -> None:
     """The report's coverage of a task reads its threshold from sweep.json: a later
     invocation over other containers keeps those of the runs it does not plan."""

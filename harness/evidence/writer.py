@@ -12,7 +12,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -140,10 +140,11 @@ class EvidenceLocation:
             if had:
                 self.fs.move(final.run_dir, aside)
             self.fs.move(self.run_dir, final.run_dir)
-            if had:
-                self.fs.delete_dir(aside)
         except OSError as exc:
             raise HarnessError(f"cannot move the run's evidence into {final.run_dir}: {exc}") from exc
+        if had:  # the new evidence is in place: a copy aside that stays is recover()'s to delete
+            with suppress(OSError):
+                self.fs.delete_dir(aside)
 
     def _copy_into(self, final: "EvidenceLocation") -> None:
         """An object store has no directory rename: the previous manifest goes first and the

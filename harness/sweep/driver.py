@@ -74,6 +74,9 @@ def _drive(sweep: SweepSpec, runs: list[PlannedRun], base: HarnessConfig, consol
     store.write_sweep({"sweep": sweep.model_dump(), "grid": grid, "earlier_run_ids": sorted(earlier),
                        "parity": _parity(runs), "price_table_version": PRICE_TABLE_VERSION,
                        "solved_thresholds": thresholds})
+    for run_id, why in sorted(store.unreadable.items()):
+        console.print(f"sweep {sweep.name}: run {run_id} is left out of its report: its manifest cannot be read "
+                      f"({why})", highlight=False, markup=False, soft_wrap=True)
     if earlier:
         told_apart = any(p.get(CONFIG_AXIS, "-") != "-" for p in grid)
         console.print(f"sweep {sweep.name}: its report also covers {len(earlier)} run(s) earlier invocations left in "

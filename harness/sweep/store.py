@@ -150,7 +150,9 @@ class SweepStore:
         """Run id -> manifest of each run earlier invocations of the sweep left that `planned`
         does not name: the run directories holding a readable manifest, and the runs the index
         records as failed before writing any (their manifest is the part the grid reads). Also
-        keeps the index's rows of those runs for `write_index`."""
+        keeps the index's rows of those runs for `write_index`, and in `unreadable` the run
+        directories whose manifest cannot be read (run id -> why), which the grid leaves out."""
+        self.unreadable: dict[str, str] = {}
         failed_early = self._carry_over(planned)
         try:
             entries = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
@@ -162,7 +164,8 @@ class SweepStore:
                 continue
             try:
                 manifest = self.run_location(entry.base_name).read_manifest()
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
+                self.unreadable[entry.base_name] = first_line(exc)
                 continue
             if isinstance(manifest, dict):
                 found[entry.base_name] = manifest
