@@ -21,10 +21,6 @@ class HarnessError(Exception):
     """An error with a one-line message meant for the user."""
 
 
-class Held(HarnessError):
-    """A lock another process holds: the work it guards is that process's, not failed."""
-
-
 class ConfigError(HarnessError):
     """Bad input, detected before any work starts."""
 

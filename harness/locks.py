@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 
 import pyarrow.fs as pafs
 
-from harness.errors import HarnessError, Held
+from harness.errors import HarnessError
 
 
 @contextmanager
@@ -35,7 +35,7 @@ def held_in(fs: pafs.FileSystem, folder: str, busy: str, lock_file: str | None =
 def held_alone(path: str, busy: str, shared: bool = False) -> Iterator[None]:
     """Hold `path` while the block runs: a directory, or a lock file created for the block
     and removed at its end (a killed holder leaves it, unlocked, for the next to take). If
-    another process holds it, Held(`busy`) before the block starts. `shared` (a directory
+    another process holds it, HarnessError(`busy`) before the block starts. `shared` (a directory
     only: a lock file goes when its holder lets go) lets other sharers hold it at once and
     keeps out whoever wants it alone. The descriptor is not inherited by child processes
     (os.open's default), so a model server or container started inside the block does not
@@ -65,7 +65,7 @@ def _take(path: str, busy: str, directory: bool, shared: bool) -> int:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise Held(busy) from None
+            raise HarnessError(busy) from None
         except OSError:
             return fd  # no flock here (e.g. some network file systems): unlocked, as on an object store
         if directory or _still_there(fd, path):

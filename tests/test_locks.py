@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness.errors import Held
+from harness.errors import HarnessError
 from harness.locks import held_alone
 
 
@@ -17,7 +17,7 @@ def test_a_lock_file_is_held_by_one_and_gone_after(tmp_path) -> None:
     path = str(tmp_path / ".run.lock")
     with held_alone(path, "busy"):
         assert os.path.exists(path)
-        with pytest.raises(Held, match="^busy$"):
+        with pytest.raises(HarnessError, match="^busy$"):
             with held_alone(path, "busy"):
                 pass
         assert os.path.exists(path)  # the refused one did not remove the holder's file
@@ -36,7 +36,7 @@ def test_a_lock_file_a_killed_holder_left_is_taken_and_removed(tmp_path) -> None
         "    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(Held, match="^busy$"):
+        with pytest.raises(HarnessError, match="^busy$"):
             with held_alone(str(path), "busy"):
                 pass
     finally:
@@ -50,7 +50,7 @@ def test_a_lock_file_a_killed_holder_left_is_taken_and_removed(tmp_path) -> None
 
 def test_a_directory_is_held_and_stays(tmp_path) -> None:
     with held_alone(str(tmp_path), "in use"):
-        with pytest.raises(Held, match="^in use$"):
+        with pytest.raises(HarnessError, match="^in use$"):
             with held_alone(str(tmp_path), "in use"):
                 pass
     assert tmp_path.is_dir()
@@ -62,11 +62,11 @@ def test_a_directory_held_shared_admits_sharers_and_keeps_out_a_holder_alone(tmp
     with held_alone(str(tmp_path), "in use", shared=True):
         with held_alone(str(tmp_path), "in use", shared=True):  # another sharer
             pass
-        with pytest.raises(Held, match="^in use$"):
+        with pytest.raises(HarnessError, match="^in use$"):
             with held_alone(str(tmp_path), "in use"):
                 pass
     with held_alone(str(tmp_path), "in use"):
-        with pytest.raises(Held, match="^in use$"):
+        with pytest.raises(HarnessError, match="^in use$"):
             with held_alone(str(tmp_path), "in use", shared=True):
                 pass
     with pytest.raises(ValueError, match="for a directory"):  # a lock file goes when any sharer lets go

@@ -66,17 +66,13 @@ def recorded_results(manifest: dict[str, Any]) -> dict[str, Any]:
             "best_heldout": heldout.get(manifest.get("best_candidate_id"))}
 
 
-def done_manifest(spec: RunSpec) -> dict[str, Any] | None:
+def done_manifest(location: EvidenceLocation) -> dict[str, Any] | None:
     """The run's manifest if its evidence in place is done (unreadable: not done)."""
     try:
-        manifest = store_location(spec).read_manifest()
+        manifest = location.read_manifest()
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("status") == "done" else None
-
-
-def store_location(spec: RunSpec) -> EvidenceLocation:
-    return EvidenceLocation(spec.evidence_root, spec.sweep, spec.run_id)
 
 
 def manifest_row(run_id: str, manifest: dict[str, Any], evidence_dir: str) -> dict[str, Any] | None:
@@ -204,7 +200,7 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                                                            **slot.actor_options).remote()
         attempts[run.spec.run_id] = attempts.get(run.spec.run_id, 0) + 1
         if run.spec.run_id not in files_before:
-            files_before[run.spec.run_id] = (done_manifest(run.spec) or {}).get("files")
+            files_before[run.spec.run_id] = (done_manifest(store.run_location(run.spec.run_id)) or {}).get("files")
         extra = {"node_services": slot.node_services} if slot.node_services is not None else {}
         ref = actor.run.remote(run.spec.model_dump_json(), slot.endpoints.model_dump_json(), limiter, board,
                                slot.log_dir, run.max_error_rate, holder=holder(run.spec.run_id), force=base.force,
@@ -250,12 +246,12 @@ def schedule(todo: list[PlannedRun], placement: Any, limiter: Any, board: Any,
                     node_lost = placement.lost(slot.node, exc)  # the whole node went
                     if node_lost:
                         idle.pop(slot.node, None)
-                    finished = done_manifest(run.spec)
+                    finished = done_manifest(store.run_location(run_id))
                     if finished is not None and finished.get("files") != files_before[run_id]:
                         # it died after the run's evidence was in place: the run is done, not to redo
                         results = {k: v for k, v in recorded_results(finished).items() if v is not None}
                         outcome = RunOutcome(run_id=run_id, status="done",
-                                             evidence_dir=store_location(run.spec).shown_dir, **results)
+                                             evidence_dir=store.run_location(run_id).shown_dir, **results)
                     elif node_lost:  # the run moves
                         moved.setdefault(run_id, []).append(slot.node)
                         queue.insert(0, run)
